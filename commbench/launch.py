@@ -1,0 +1,327 @@
+"""World discovery and launch: join a torchrun / Slurm / MPI world, or spawn a local group and supervise it.
+
+Only this module and :mod:`commbench.timing` know about devices and synchronisation. A local run re-executes
+``python -m commbench`` once per rank with torchrun's environment variables, so a spawned rank runs exactly the
+code path of a rank started by torchrun. The parent supervises: the first rank to die ends the run, a rank
+that stops responding is named once the others time out, and no child outlives the parent.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True, slots=True)
+class WorldInfo:
+    """Where this process sits in the world, as the launcher said."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    """``local`` (spawned by commbench), ``torchrun``, ``slurm`` or ``mpi``."""
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a Slurm node list: ``node[01-04,07],gpu2`` -> ``node01``."""
+    m = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise ValueError(f"cannot parse SLURM_JOB_NODELIST {nodelist!r}")
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    value = env.get(key)
+    if value is None:
+        if default is None:
+            raise ValueError(f"environment variable {key} is not set")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {key}={value!r} is not an integer") from None
+
+
+def detect_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
+    """The world this process was launched into, or ``None`` when it runs alone (then commbench spawns)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        launcher = env.get("COMMBENCH_LAUNCHER", "torchrun")
+        return WorldInfo(
+            rank=_int(env, "RANK"),
+            world_size=_int(env, "WORLD_SIZE"),
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT", 29500),
+            launcher=launcher,
+        )
+    if "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", 1) > 1:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        addr = env.get("MASTER_ADDR") or (first_slurm_host(nodelist) if nodelist else None)
+        if not addr:
+            raise ValueError("Slurm world without SLURM_JOB_NODELIST or MASTER_ADDR: cannot find the rendezvous host")
+        tasks_per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_STEP_TASKS_PER_NODE", "1")
+        local_size = int(re.match(r"\d+", tasks_per_node).group(0)) if re.match(r"\d+", tasks_per_node) else 1  # type: ignore[union-attr]
+        job = _int(env, "SLURM_JOB_ID", 0)
+        return WorldInfo(
+            rank=_int(env, "SLURM_PROCID"),
+            world_size=_int(env, "SLURM_NTASKS"),
+            local_rank=_int(env, "SLURM_LOCALID", 0),
+            local_world_size=local_size,
+            master_addr=addr,
+            master_port=_int(env, "MASTER_PORT", 20000 + job % 20000),
+            launcher="slurm",
+        )
+    for prefix in ("OMPI_COMM_WORLD_", "PMI_"):
+        if f"{prefix}RANK" in env and _int(env, f"{prefix}SIZE", 1) > 1:
+            addr = env.get("MASTER_ADDR")
+            if not addr:
+                raise ValueError("MPI world detected but MASTER_ADDR is not set: export MASTER_ADDR (rank 0's host) and MASTER_PORT")
+            return WorldInfo(
+                rank=_int(env, f"{prefix}RANK"),
+                world_size=_int(env, f"{prefix}SIZE"),
+                local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", _int(env, "MPI_LOCALRANKID", 0)),
+                local_world_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", _int(env, "MPI_LOCALNRANKS", 1)),
+                master_addr=addr,
+                master_port=_int(env, "MASTER_PORT", 29500),
+                launcher="mpi",
+            )
+    return None
+
+
+def has_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_nproc() -> int:
+    """One rank per GPU when there are two or more, else two CPU ranks."""
+    n = has_gpus()
+    return n if n >= 2 else 2
+
+
+def resolve_backend(requested: str, local_rank: int) -> str:
+    if requested == "auto":
+        return "nccl" if local_rank < has_gpus() else "gloo"
+    if requested == "nccl" and local_rank >= has_gpus():
+        raise ValueError("backend 'nccl' needs a GPU per rank and this rank has none; use --backend gloo or auto")
+    return requested
+
+
+@dataclass(frozen=True, slots=True)
+class Dist:
+    """An initialised world as the rest of commbench sees it."""
+
+    info: WorldInfo
+    backend: str
+    device: torch.device
+    host: str
+    hosts: tuple[str, ...]
+    """Host of every rank, in rank order."""
+    threads: int
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    @property
+    def nodes(self) -> int:
+        return len(set(self.hosts))
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def agree_max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
+        """Every rank's list of floats (same length on every rank), in rank order, on every rank."""
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        out = torch.empty(self.world_size * len(values), dtype=torch.float64, device=self.device)
+        from commbench.collectives import all_gather_tensor
+
+        all_gather_tensor(out, t)
+        return out.view(self.world_size, len(values)).cpu().tolist()
+
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        import platform
+
+        return platform.processor() or platform.machine() or "cpu"
+
+
+def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
+    """Initialise torch.distributed for ``info`` (env:// rendezvous) with collective timeout ``timeout_s``."""
+    backend = resolve_backend(backend, info.local_rank)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    os.environ.setdefault("MASTER_ADDR", info.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(info.master_port))
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=_dt.timedelta(seconds=timeout_s),
+        device_id=device if backend == "nccl" else None,
+    )
+    host = socket.gethostname()
+    hosts: list[str | None] = [None] * info.world_size
+    dist.all_gather_object(hosts, host)
+    return Dist(
+        info=info,
+        backend=backend,
+        device=device,
+        host=host,
+        hosts=tuple(str(h) for h in hosts),
+        threads=torch.get_num_threads(),
+    )
+
+
+def shutdown_world() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def set_parent_death_signal() -> None:
+    """Linux: die with the parent so a killed supervisor leaves no orphan ranks."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+class RankFailure(RuntimeError):
+    """A spawned rank died or hung; the message names it."""
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def spawn_local(argv: Sequence[str], nproc: int, timeout_s: float, grace_s: float = 5.0) -> None:
+    """Run ``python -m commbench ARGV`` as ``nproc`` local ranks on 127.0.0.1 and supervise them.
+
+    Returns when every rank exited 0; raises :class:`RankFailure` naming the culprit otherwise. Each rank gets
+    an equal share of the cores (``OMP_NUM_THREADS``), as torchrun would set it.
+    """
+    port = free_port()
+    threads = max(1, (os.cpu_count() or 1) // nproc)
+    procs: list[subprocess.Popen[bytes]] = []
+    base = dict(os.environ)
+    base.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        OMP_NUM_THREADS=str(threads),
+        COMMBENCH_LAUNCHER="local",
+        COMMBENCH_PARENT_PID=str(os.getpid()),
+    )
+    try:
+        for rank in range(nproc):
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            procs.append(subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env))
+        _supervise(procs, timeout_s, grace_s)
+    finally:
+        _terminate(procs)
+
+
+def _supervise(procs: list[subprocess.Popen[bytes]], timeout_s: float, grace_s: float) -> None:
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c == 0 for c in codes):
+            return
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            break
+        time.sleep(0.05)
+    # A rank failed. Collect what the others do within the grace period: ranks waiting on a dead peer fail
+    # fast (connection reset); ranks blocked on a hung peer fail at the collective timeout.
+    first_seen = time.monotonic()
+    deadline = first_seen + max(grace_s, 1.0)
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    codes = [p.poll() for p in procs]
+    killed = [(r, c) for r, c in enumerate(codes) if c is not None and c < 0]
+    alive = [r for r, c in enumerate(codes) if c is None]
+    errored = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+    if killed:
+        r, c = killed[0]
+        raise RankFailure(f"rank {r} {_describe_exit(c)}; stopped the other ranks")
+    if alive and errored:
+        names = ", ".join(str(r) for r in alive)
+        raise RankFailure(
+            f"rank {names} stopped responding (hung): rank {errored[0][0]} gave up after the {timeout_s:g} s collective timeout; stopped all ranks"
+        )
+    r, c = failed[0]
+    raise RankFailure(f"rank {r} {_describe_exit(c)}; stopped the other ranks")
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

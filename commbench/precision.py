@@ -1,0 +1,229 @@
+"""Precision registry: name -> codec that says what the user's tensor is, what travels on the wire, and how
+one (collective, precision) point is executed as three timed phases: encode, comm, decode.
+
+Names may carry an option after a colon (``fp8_e4m3:block128``); the registry maps the base name to a factory.
+Every point op follows the same protocol so the sweep never special-cases a precision:
+
+    op.load(x)   # copy the user's per-rank input (``precision.input_dtype``) into the op's buffers
+    op.encode()  # user tensor -> wire buffers (cast / quantise); a no-op for native dtypes
+    op.comm()    # the communication (for composite FP8 algorithms: including their local reduction)
+    op.decode()  # wire output -> user-visible result
+    op.result()  # the decoded output tensor (compared against the float64 reference)
+
+Each phase is repeatable so the timing core can run it k times back to back.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar, Protocol
+
+import torch
+import torch.distributed as dist
+
+from commbench.collectives import Collective, Layout
+
+NCCL_TYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float",
+    torch.float16: "half",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "double",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.float8_e4m3fn: "f8e4m3",
+    torch.float8_e5m2: "f8e5m2",
+}
+
+
+class PointOp(Protocol):
+    """One collective at one precision and size, bound to preallocated buffers."""
+
+    wire_bytes: int
+    """nccl-tests ``size`` of what crosses the wire, scales included."""
+    has_codec: bool
+    """False when encode/decode are no-ops (native dtypes): they are then not timed and reported as 0."""
+
+    def load(self, x: torch.Tensor) -> None: ...
+    def encode(self) -> None: ...
+    def comm(self) -> None: ...
+    def decode(self) -> None: ...
+    def result(self) -> torch.Tensor: ...
+
+
+class Precision(ABC):
+    """A communication precision (codec)."""
+
+    name: str
+    impl: str
+    """How the bytes move: ``native`` (collective in the user's dtype), ``cast`` (fp32 cast for the wire),
+    ``fp8_bytes`` (quantised, moved as uint8), ``fp8_native``."""
+    input_dtype: torch.dtype
+    """dtype of the user's tensor (what ``load`` receives)."""
+    wire_dtype: torch.dtype
+    description: ClassVar[str] = ""
+
+    @property
+    def nccl_type(self) -> str:
+        return NCCL_TYPE_NAMES.get(self.wire_dtype, str(self.wire_dtype).removeprefix("torch."))
+
+    def supports(self, collective: Collective, backend: str) -> bool:
+        """Whether this precision can run ``collective`` on ``backend``."""
+        return True
+
+    @abstractmethod
+    def make_op(
+        self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        """Allocate buffers and return the op for one point."""
+
+    def error_bound(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
+        """Per-element tolerance for the ``wrong`` count on exactly representable inputs.
+
+        ``abs_sum`` is the float64 sum over contributing ranks of ``|x|`` for each output element. Native and
+        16-bit cast precisions carry exactly representable integers exactly: the bound is 0, as nccl-tests -c.
+        """
+        return 0.0
+
+
+class _CastOp:
+    """Native collective in ``wire_dtype``, with optional cast from/to the user's dtype around it."""
+
+    def __init__(
+        self,
+        collective: Collective,
+        layout: Layout,
+        input_dtype: torch.dtype,
+        wire_dtype: torch.dtype,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+    ) -> None:
+        self._coll = collective
+        self._group = group
+        self.has_codec = input_dtype != wire_dtype
+        self.x = torch.empty(layout.input_numel, dtype=input_dtype, device=device)
+        self.wire_in = torch.empty(layout.input_numel, dtype=wire_dtype, device=device) if self.has_codec else self.x
+        if collective.out_of_place():
+            self.wire_out = torch.empty(layout.output_numel, dtype=wire_dtype, device=device)
+        else:
+            self.wire_out = self.wire_in
+        self.y = torch.empty(layout.output_numel, dtype=input_dtype, device=device) if self.has_codec else self.wire_out
+        self.wire_bytes = layout.total * self.wire_in.element_size()
+
+    def load(self, x: torch.Tensor) -> None:
+        self.x.copy_(x)
+
+    def encode(self) -> None:
+        if self.has_codec:
+            self.wire_in.copy_(self.x)
+
+    def comm(self) -> None:
+        self._coll.run(self.wire_in, self.wire_out, self._group)
+
+    def decode(self) -> None:
+        if self.has_codec:
+            self.y.copy_(self.wire_out)
+
+    def result(self) -> torch.Tensor:
+        return self.y
+
+
+class NativePrecision(Precision):
+    """The user's tensor already is in this dtype; the collective runs on it directly."""
+
+    impl = "native"
+
+    def __init__(self, name: str, dtype: torch.dtype, description: str) -> None:
+        self.name = name
+        self.input_dtype = dtype
+        self.wire_dtype = dtype
+        self.description = description
+
+    def make_op(
+        self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        return _CastOp(collective, layout, self.input_dtype, self.wire_dtype, group, device)
+
+
+class CompressPrecision(Precision):
+    """An fp32 tensor cast to a 16-bit dtype for the wire and back (what DDP's compress hooks do)."""
+
+    impl = "cast"
+    input_dtype = torch.float32
+
+    def __init__(self, name: str, wire_dtype: torch.dtype, description: str) -> None:
+        self.name = name
+        self.wire_dtype = wire_dtype
+        self.description = description
+
+    def make_op(
+        self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        return _CastOp(collective, layout, self.input_dtype, self.wire_dtype, group, device)
+
+
+PrecisionFactory = Callable[[str | None], Precision]
+"""Builds a precision from the option after the colon (``None`` when the name has none)."""
+
+_REGISTRY: dict[str, PrecisionFactory] = {}
+_OPTIONS_HELP: dict[str, str] = {}
+
+
+def register_precision(base: str, factory: PrecisionFactory, options_help: str = "") -> None:
+    """Register a precision family under ``base``; ``options_help`` documents accepted ``:option`` values."""
+    _REGISTRY[base] = factory
+    _OPTIONS_HELP[base] = options_help
+
+
+def _no_option(name: str, make: Callable[[], Precision]) -> PrecisionFactory:
+    def factory(option: str | None) -> Precision:
+        if option is not None:
+            raise ValueError(f"precision {name!r} takes no ':{option}' option")
+        return make()
+
+    return factory
+
+
+register_precision("fp32", _no_option("fp32", lambda: NativePrecision("fp32", torch.float32, "float32 tensor")))
+register_precision("fp16", _no_option("fp16", lambda: NativePrecision("fp16", torch.float16, "float16 tensor")))
+register_precision("bf16", _no_option("bf16", lambda: NativePrecision("bf16", torch.bfloat16, "bfloat16 tensor")))
+register_precision(
+    "fp16_compress",
+    _no_option("fp16_compress", lambda: CompressPrecision("fp16_compress", torch.float16, "fp32 cast to fp16 on the wire")),
+)
+register_precision(
+    "bf16_compress",
+    _no_option("bf16_compress", lambda: CompressPrecision("bf16_compress", torch.bfloat16, "fp32 cast to bf16 on the wire")),
+)
+
+
+def _load_plugins() -> None:
+    # FP8 codecs register themselves on import; imported lazily so a broken optional module names itself.
+    try:
+        import commbench.fp8_ops  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name != "commbench.fp8_ops":
+            raise
+
+
+def precision_names() -> list[str]:
+    """Registered base names (options listed by :func:`precision_help`)."""
+    _load_plugins()
+    return list(_REGISTRY)
+
+
+def precision_help() -> dict[str, str]:
+    _load_plugins()
+    return dict(_OPTIONS_HELP)
+
+
+def get_precision(name: str) -> Precision:
+    """Resolve ``base[:option]`` to a precision, or raise ``ValueError`` naming the valid choices."""
+    _load_plugins()
+    base, sep, option = name.strip().partition(":")
+    factory = _REGISTRY.get(base)
+    if factory is None:
+        raise ValueError(f"unknown precision {name!r}; valid choices: {', '.join(_REGISTRY)}")
+    if sep and not option:
+        raise ValueError(f"precision {name!r} has an empty option after ':'")
+    return factory(option if sep else None)

@@ -1,0 +1,157 @@
+"""Pure checks: nccl-tests definitions, size strings, suite validation, launch environment parsing,
+statistics and crossover — against formulas and hand-computed values, not against commbench's own output."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from commbench.collectives import COLLECTIVES, get_collective
+from commbench.config import format_size, load_suite, parse_size, size_grid, suite_from_dict
+from commbench.launch import detect_world, first_slurm_host
+from commbench.precision import get_precision
+from commbench.results import crossover
+from commbench.timing import Stats, bandwidth_gbps, percentile
+
+
+# nccl-tests doc/PERFORMANCE.md: AllReduce busbw = algbw * 2(n-1)/n; ReduceScatter, AllGather, AlltoAll (n-1)/n.
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_bus_factors_match_nccl_tests(n: int) -> None:
+    assert get_collective("all_reduce").bus_factor(n) == pytest.approx(2 * (n - 1) / n)
+    for name in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert get_collective(name).bus_factor(n) == pytest.approx((n - 1) / n)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_size_definitions(n: int) -> None:
+    total = 1024 * n
+    ar = get_collective("all_reduce").layout(total, n)
+    assert (ar.input_numel, ar.output_numel, ar.count) == (total, total, total)
+    ag = get_collective("all_gather").layout(total, n)  # size = total output; count = per-rank send count
+    assert (ag.input_numel, ag.output_numel, ag.count) == (total // n, total, total // n)
+    rs = get_collective("reduce_scatter").layout(total, n)  # size = total input; count = per-rank recv count
+    assert (rs.input_numel, rs.output_numel, rs.count) == (total, total // n, total // n)
+    a2a = get_collective("all_to_all").layout(total, n)
+    assert (a2a.input_numel, a2a.output_numel, a2a.count) == (total, total, total // n)
+
+
+def test_round_total_like_nccl_tests() -> None:
+    assert get_collective("all_gather").round_total(256, 3) == 255
+    assert get_collective("all_reduce").round_total(257, 3) == 257
+
+
+def test_references_against_hand_values() -> None:
+    import torch
+
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    b = torch.tensor([10.0, 20.0, 30.0, 40.0], dtype=torch.float64)
+    assert get_collective("all_reduce").reference([a, b], 1).tolist() == [11, 22, 33, 44]
+    assert get_collective("reduce_scatter").reference([a, b], 1).tolist() == [33, 44]
+    assert get_collective("all_gather").reference([a[:2], b[:2]], 0).tolist() == [1, 2, 10, 20]
+    assert get_collective("all_to_all").reference([a, b], 0).tolist() == [1, 2, 10, 20]
+    assert get_collective("all_to_all").reference([a, b], 1).tolist() == [3, 4, 30, 40]
+
+
+@given(st.integers(min_value=1, max_value=2**20), st.sampled_from(["", "K", "M", "G"]))
+def test_parse_size_roundtrip(value: int, unit: str) -> None:
+    mult = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[unit]
+    assert parse_size(f"{value}{unit}") == value * mult
+    assert parse_size(format_size(value * mult)) == value * mult
+
+
+@given(st.text(max_size=8).filter(lambda s: not s.strip().isdigit()))
+def test_parse_size_rejects_garbage_with_valueerror(text: str) -> None:
+    try:
+        v = parse_size(text)
+    except ValueError as e:
+        assert "size" in str(e)
+    else:  # only well-formed strings like "3k" or "2 M" may pass
+        assert v > 0 and text.strip()[-1].upper() in "KMGB"
+
+
+@pytest.mark.parametrize("bad", ["1XB", "-4K", "0", "", "K", "1.5M", "4T"])
+def test_parse_size_malformed(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+def test_size_grid_like_nccl_tests() -> None:
+    assert size_grid(8, 128, 2) == [8, 16, 32, 64, 128]
+    assert size_grid(1024, 16 * 1024**2, 4)[-1] == 16 * 1024**2
+    with pytest.raises(ValueError, match="larger than maximum"):
+        size_grid(2048, 1024)
+
+
+def test_suite_validation_messages() -> None:
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'.*all_reduce"):
+        suite_from_dict({"collectives": ["allreduce"]})
+    with pytest.raises(ValueError, match="unknown precision 'fp64'.*fp32"):
+        suite_from_dict({"precisions": ["fp64"]})
+    with pytest.raises(ValueError, match="unknown suite key"):
+        suite_from_dict({"colectives": ["all_reduce"]})
+    with pytest.raises(ValueError, match="malformed size"):
+        suite_from_dict({"min_bytes": "1XB"})
+    with pytest.raises(ValueError, match="timing.repeats"):
+        suite_from_dict({"timing": {"repeats": 0}})
+    with pytest.raises(ValueError, match="unknown payload"):
+        suite_from_dict({"payload": "uniform"})
+
+
+def test_quick_suite_loads_and_covers_the_issue_grid() -> None:
+    s = load_suite("quick")
+    assert {"all_reduce", "all_gather", "reduce_scatter"} <= set(s.collectives)
+    assert s.min_bytes == 1024 and s.max_bytes >= 16 * 1024**2
+    for p in s.precisions:
+        get_precision(p)
+
+
+def test_every_registered_collective_has_a_definition() -> None:
+    assert set(COLLECTIVES) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
+
+
+def test_slurm_nodelist() -> None:
+    assert first_slurm_host("node[01-04,07]") == "node01"
+    assert first_slurm_host("gpu17") == "gpu17"
+    assert first_slurm_host("a-b[3,5-6],c1") == "a-b3"
+
+
+def test_detect_world_variants() -> None:
+    assert detect_world({}) is None
+    w = detect_world({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"})
+    assert w is not None and (w.rank, w.world_size, w.local_rank, w.master_addr, w.master_port, w.launcher) == (3, 8, 3, "h0", 1234, "torchrun")
+    s = detect_world({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "n[10-13]", "SLURM_NTASKS_PER_NODE": "4(x4)", "SLURM_JOB_ID": "77"})
+    assert s is not None and (s.rank, s.world_size, s.local_rank, s.local_world_size, s.master_addr, s.launcher) == (5, 16, 1, 4, "n10", "slurm")
+    assert detect_world({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a single-task allocation spawns locally
+    m = detect_world({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h1"})
+    assert m is not None and (m.rank, m.world_size, m.local_world_size, m.launcher) == (2, 4, 2, "mpi")
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        detect_world({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
+
+
+def test_stats_against_hand_values() -> None:
+    # rank 0 samples 1,2,3 us (median 2), rank 1 samples 4,5,6 us (median 5)
+    s = Stats.from_ranks([[1e-6, 2e-6, 3e-6], [4e-6, 5e-6, 6e-6]])
+    assert s.time_us == pytest.approx(3.5)  # mean of rank medians, nccl-tests' convention
+    assert s.time_us_max == pytest.approx(5.0)
+    assert s.p50_us == pytest.approx(3.5)
+    assert s.p95_us == pytest.approx(5.75)  # numpy.percentile([1..6], 95, method="linear")
+    assert s.cv == pytest.approx(statistics.pstdev([1, 2, 3, 4, 5, 6]) / 3.5)
+    assert s.rank_spread == pytest.approx(1.5)
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert bandwidth_gbps(1e9, 1e6) == pytest.approx(1.0)  # 1e9 B in 1 s = 1 GB/s
+
+
+def test_crossover_rule() -> None:
+    rows = []
+    for size, base, fast in [(1, 1.0, 0.5), (2, 1.0, 1.5), (4, 1.0, 0.9), (8, 1.0, 2.0), (16, 1.0, 3.0)]:
+        rows.append({"collective": "all_reduce", "payload": "normal", "precision": "fp32", "fp32_bytes": size, "effective_gbps": base})
+        rows.append({"collective": "all_reduce", "payload": "normal", "precision": "bf16", "fp32_bytes": size, "effective_gbps": fast})
+        rows.append({"collective": "all_reduce", "payload": "normal", "precision": "fp16", "fp32_bytes": size, "effective_gbps": 0.1})
+    out = {r["precision"]: r for r in crossover(pd.DataFrame(rows))}
+    assert out["bf16"]["crossover_bytes"] == 8  # wins at 2 but loses again at 4: the crossover is where it stays ahead
+    assert math.isnan(out["fp16"]["crossover_bytes"]) and out["fp16"]["note"] == "never in range"
