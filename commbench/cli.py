@@ -201,8 +201,11 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         out = args.out or default_run_dir(backend, nproc)
         try:
             check_new_run_dir(out)
+            out.mkdir(parents=True, exist_ok=True)
         except RunDirError as e:
             raise CLIError(str(e)) from None
+        except OSError as e:
+            raise CLIError(f"output directory {out} cannot be created: {e.strerror}") from None
     child_argv = [a for a in argv]
     if args.resume is None and args.out is None:
         child_argv += ["--out", str(out)]

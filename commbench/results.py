@@ -158,6 +158,8 @@ def check_new_run_dir(run_dir: Path) -> None:
     parent = run_dir
     while not parent.exists():
         parent = parent.parent
+    if not parent.is_dir():
+        raise RunDirError(f"output directory {run_dir} cannot be created: {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"output directory {run_dir} is not writable (no write permission on {parent})")
 

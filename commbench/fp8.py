@@ -1,0 +1,644 @@
+"""FP8 codecs: float32 <-> (uint8 codes, float32 scales) for the e4m3 and e5m2 formats; no communication.
+
+This module owns the numerics of every FP8 precision: the formats, the three scaling modes, the scale rule,
+the special values, and the format-derived error bound. ``commbench.fp8_ops`` builds collectives on top; the
+training helpers use :func:`quantize` / :func:`dequantize` for an fp8 DDP comm hook, so both are stable API.
+
+Formats (OCP FP8): ``e4m3`` is torch's ``float8_e4m3fn`` (max 448, no inf, NaN code 0x7F/0xFF, 3 mantissa
+bits), ``e5m2`` is ``float8_e5m2`` (max 57344, has inf, 2 mantissa bits).
+
+Scaling modes and the scale rule (``x ~= fp8_value(q) * scale``):
+
+- ``tensor``: one scale for the whole tensor; ``block``: one scale per run of ``block`` consecutive elements
+  (the last block may be shorter); ``none``: scale 1, a plain *saturating* cast (finite values beyond the
+  format's max clamp to +-max). ``none`` still returns a 1-element scale tensor ``[1.0]`` so the call shape is
+  uniform, but that scale never travels: :func:`wire_scale_count` is 0 for it.
+- A scale is the power of two ``2**k`` with the smallest ``k`` such that ``amax / 2**k <= max`` (amax over the
+  finite values of the tensor or block), ``k`` clamped to [-126, 127]; an all-zero (or all non-finite) tensor or
+  block gets scale 1, so nothing ever divides by zero. Power-of-two scales make ``x / scale`` and
+  ``fp8 * scale`` exact in float32, so the codes are bit-identical to ``(x * (1/scale)).to(float8)`` and the
+  decoded values to ``q.view(float8).float() * scale`` (torch's own casts); a non-power-of-two scale would add
+  a second rounding and buy nothing for a floating-point format (the relative step is scale-invariant).
+
+Special values: NaN encodes to the format's NaN and decodes to NaN. +-inf stays non-finite: e5m2 encodes it
+as +-inf; e4m3 has no inf, so it becomes NaN (torch's own e4m3fn cast would saturate inf to 448 -- silently
+finite -- which this codec refuses). Non-finite elements do not poison the scale of their tensor/block.
+
+Error bound (:func:`error_bound`), used for the ``wrong`` count. Per element and per quantisation:
+``|x - deq(q(x))| <= rel * |x| + floor`` with ``rel`` the format's relative step (e4m3 ``2**-3``, e5m2
+``2**-2``: one full step, twice the round-to-nearest half step, so it also covers the subnormal/normal seam) and
+``floor = sub * scale`` the subnormal spacing (e4m3 ``2**-9``, e5m2 ``2**-16``) times the scale. The scale is
+``<= 2 * amax / max`` and every amax is ``<= A = max(abs_sum)``, so ``floor <= sub * 2 * A / max``.
+A reduction of ``c`` contributions then errs by at most ``rel * abs_sum + c * floor`` plus fp32 summation
+(``c * 2**-23 * abs_sum``); all_reduce quantises twice (the partial sums are re-encoded), which adds
+``rel * (abs_sum + e1) + floor'`` on top of the first-stage error ``e1``. With ``none`` scaling the floor uses
+scale 1 and saturated values are *not* covered: they count as wrong, which is the point of that mode.
+
+Speed: torch's CPU e4m3 -> float32 cast is slow, and a scale multiply is a separate pass. When a C compiler is
+available, the codec builds a tiny OpenMP kernel on first use (cached under ``~/.cache/commbench``) that fuses
+amax, scale and round-to-nearest-even cast in one pass and decodes through a scaled 256-entry table; set
+``COMMBENCH_FP8_KERNEL=0`` to force the pure-torch path. Both paths are tested bit-exact against torch's casts.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "FORMATS",
+    "SCALINGS",
+    "Fp8Format",
+    "dequantize",
+    "error_bound",
+    "get_format",
+    "num_scales",
+    "quantize",
+    "scale_bound",
+    "wire_scale_count",
+]
+
+SCALINGS: tuple[str, ...] = ("tensor", "block", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Format:
+    """Constants of one FP8 format."""
+
+    name: str
+    dtype: torch.dtype
+    max: float
+    """Largest finite magnitude."""
+    rel_step: float
+    """Relative spacing of normal numbers (2**-mantissa_bits): the per-element relative error bound used."""
+    sub_step: float
+    """Spacing of the subnormals (the absolute error floor at scale 1)."""
+    has_inf: bool
+
+
+FORMATS: dict[str, Fp8Format] = {
+    "e4m3": Fp8Format("e4m3", torch.float8_e4m3fn, 448.0, 2.0**-3, 2.0**-9, has_inf=False),
+    "e5m2": Fp8Format("e5m2", torch.float8_e5m2, 57344.0, 2.0**-2, 2.0**-16, has_inf=True),
+}
+
+_K_MIN, _K_MAX = -126, 127
+
+
+def get_format(fmt: str) -> Fp8Format:
+    """The format named ``fmt`` or a ``ValueError`` naming the valid choices."""
+    try:
+        return FORMATS[fmt]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown fp8 format {fmt!r}; valid choices: {', '.join(FORMATS)}") from None
+
+
+def _check_scaling(scaling: str, block: int) -> None:
+    if scaling not in SCALINGS:
+        raise ValueError(f"unknown fp8 scaling {scaling!r}; valid choices: {', '.join(SCALINGS)}")
+    if scaling == "block" and (not isinstance(block, int) or block <= 0):
+        raise ValueError(f"fp8 block size must be a positive integer, got {block!r}")
+
+
+def num_scales(numel: int, scaling: str, block: int = 128) -> int:
+    """Length of the scale tensor :func:`quantize` returns for ``numel`` elements."""
+    _check_scaling(scaling, block)
+    if scaling == "block":
+        return -(-numel // block)
+    return 1
+
+
+def wire_scale_count(numel: int, scaling: str, block: int = 128) -> int:
+    """How many float32 scales travel with ``numel`` quantised elements (0 for ``none``)."""
+    return 0 if scaling == "none" else num_scales(numel, scaling, block)
+
+
+def scale_bound(fmt: str, amax: float) -> float:
+    """Upper bound on any scale chosen for data whose amax is ``<= amax`` (used by the error bound)."""
+    f = get_format(fmt)
+    return max(2.0 * amax / f.max, 2.0**_K_MIN)
+
+
+def error_bound(
+    fmt: str, scaling: str, abs_sum: torch.Tensor, contributions: int, quantisations: int = 1
+) -> torch.Tensor:
+    """Per-element bound on ``|decoded - exact|`` for a result that sums ``contributions`` quantised terms.
+
+    ``abs_sum`` (float64) is the sum of ``|x|`` over the contributing terms of each element; ``quantisations``
+    is 2 when the partial sums are re-quantised (all_reduce). The derivation is in the module docstring.
+    """
+    f = get_format(fmt)
+    _check_scaling(scaling, 128)
+    abs_sum = abs_sum.to(torch.float64)
+    big = float(abs_sum.max()) if abs_sum.numel() else 0.0
+    if not math.isfinite(big):
+        big = 0.0
+    fp32 = contributions * 2.0**-23 * abs_sum
+    floor1 = f.sub_step * (1.0 if scaling == "none" else scale_bound(fmt, big))
+    err = f.rel_step * abs_sum + contributions * floor1 + fp32
+    for _ in range(quantisations - 1):
+        # The re-encoded value is the partial sum, whose magnitude is at most abs_sum + err.
+        mag = abs_sum + err
+        floor2 = f.sub_step * (1.0 if scaling == "none" else scale_bound(fmt, big * (1 + f.rel_step) + floor1))
+        err = err + f.rel_step * mag + floor2 + 2.0**-23 * mag
+    return err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Workspaces: the pure-torch path needs float32/int32 scratch the size of the tensor; allocating it on every
+# call would dominate small messages, so each thread keeps one growing buffer per kind (threads: DDP hooks).
+
+_local = threading.local()
+
+
+def _workspace(kind: str, numel: int, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:
+    cache: dict[tuple[str, torch.device], torch.Tensor] = _local.__dict__.setdefault("ws", {})
+    buf = cache.get((kind, device))
+    if buf is None or buf.numel() < numel:
+        buf = (torch.zeros if zero else torch.empty)(max(numel, 1024), dtype=dtype, device=device)
+        cache[(kind, device)] = buf
+    return buf[:numel]
+
+
+_LUT_CACHE: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _lut(fmt: str, device: torch.device) -> torch.Tensor:
+    """The 256 float32 values of the format's codes, from torch's own cast (NaN codes decode to NaN)."""
+    key = (fmt, device)
+    lut = _LUT_CACHE.get(key)
+    if lut is None:
+        codes = torch.arange(256, dtype=torch.uint8, device=device)
+        lut = codes.view(FORMATS[fmt].dtype).to(torch.float32)
+        _LUT_CACHE[key] = lut
+    return lut
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Scales
+
+
+def _row_amax(rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """max |x| per row over finite values (0 when a row has none), and whether any value was non-finite."""
+    # amax/amin along a dim are vectorised reductions; abs() would materialise a full-size temporary.
+    # A row holds inf or NaN exactly when this max is not finite (max/min propagate NaN and reach +-inf).
+    amax = torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg())
+    bad = ~torch.isfinite(amax)
+    if not bool(bad.any()):
+        return amax, False
+    # Rare: recompute those rows over finite values only, so one inf does not poison its neighbours' scale.
+    sub = rows[bad]
+    sub = torch.where(torch.isfinite(sub), sub.abs(), torch.zeros((), dtype=sub.dtype, device=sub.device))
+    amax[bad] = sub.amax(dim=1)
+    return amax, True
+
+
+def _scales_from_amax(amax: torch.Tensor, f: Fp8Format) -> torch.Tensor:
+    """Power-of-two scales ``2**k``, smallest k with ``amax / 2**k <= max``; 1 where amax is 0."""
+    a = amax.to(torch.float64)
+    # float64 log2 of the exact ratio: powers of two come out exact, anything else is >= 2**-24 away from
+    # the next integer, far above float64 rounding, so ceil() is right.
+    k = torch.ceil(torch.log2(a / f.max)).clamp_(_K_MIN, _K_MAX)
+    k = torch.where(a > 0, k, torch.zeros_like(k))
+    return torch.exp2(k).to(torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Public codec
+
+
+def _check_input(x: torch.Tensor, name: str, dtype: torch.dtype) -> None:
+    if x.dtype != dtype or x.dim() != 1 or not x.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D {dtype} tensor, got {x.dtype} with shape {tuple(x.shape)}")
+
+
+def _rows(t: torch.Tensor, scaling: str, block: int) -> list[tuple[torch.Tensor, slice]]:
+    """Views of ``t`` as 2-D row groups sharing one scale per row, with the slice of scales they use."""
+    n = t.numel()
+    if scaling != "block":
+        return [(t.view(1, n), slice(0, 1))]
+    full = n // block
+    parts: list[tuple[torch.Tensor, slice]] = []
+    if full:
+        parts.append((t[: full * block].view(full, block), slice(0, full)))
+    if n % block:
+        parts.append((t[full * block :].view(1, n - full * block), slice(full, full + 1)))
+    return parts
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: str,
+    scaling: str,
+    block: int = 128,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise a contiguous 1-D float32 tensor to fp8 codes (uint8, same numel) and float32 scales.
+
+    ``out=(q, scales)`` writes into preallocated tensors (``q``: uint8 with ``x.numel()`` elements, may be a
+    slice of a wire buffer; ``scales``: float32 with :func:`num_scales` elements) and returns them.
+    """
+    f = get_format(fmt)
+    _check_scaling(scaling, block)
+    _check_input(x, "x", torch.float32)
+    n = x.numel()
+    ns = num_scales(n, scaling, block)
+    if out is None:
+        q = torch.empty(n, dtype=torch.uint8, device=x.device)
+        scales = torch.empty(ns, dtype=torch.float32, device=x.device)
+    else:
+        q, scales = out
+        _check_input(q, "out[0]", torch.uint8)
+        _check_input(scales, "out[1]", torch.float32)
+        if q.numel() != n or scales.numel() != ns:
+            raise ValueError(f"out tensors must have {n} codes and {ns} scales, got {q.numel()} and {scales.numel()}")
+    if n == 0:
+        scales.fill_(1.0)
+        return q, scales
+    if _kernel.available(x.device):
+        _kernel.quantize(x, q, scales, f, scaling, block)
+        return q, scales
+
+    tmp = _workspace("f32", n, torch.float32, x.device)
+    nonfinite = False
+    if scaling == "none":
+        scales.fill_(1.0)
+        mn, mx = torch.aminmax(x)
+        lo, hi = float(mn), float(mx)
+        nonfinite = not (math.isfinite(lo) and math.isfinite(hi))
+        if lo < -f.max or hi > f.max or nonfinite:
+            # Saturate finite values (inf/NaN are fixed below, clamp would make inf finite).
+            torch.clamp(x, -f.max, f.max, out=tmp)
+            src = tmp
+        else:
+            src = x
+        q.view(f.dtype).copy_(src)
+    else:
+        for rows, sl in _rows(x, scaling, block):
+            amax, bad = _row_amax(rows)
+            nonfinite = nonfinite or bad
+            scales[sl].copy_(_scales_from_amax(amax, f))
+        for rows, sl in _rows(x, scaling, block):
+            torch.mul(rows, scales[sl].reciprocal().unsqueeze(1), out=tmp[: rows.numel()].view_as(rows))
+            q[_offset(rows, x) : _offset(rows, x) + rows.numel()].view(f.dtype).copy_(tmp[: rows.numel()])
+    if nonfinite:
+        _fix_nonfinite(x, q, f)
+    return q, scales
+
+
+def _offset(view: torch.Tensor, base: torch.Tensor) -> int:
+    return view.storage_offset() - base.storage_offset()
+
+
+def _fix_nonfinite(x: torch.Tensor, q: torch.Tensor, f: Fp8Format) -> None:
+    """Codes of non-finite inputs: NaN -> NaN; inf -> inf (e5m2) or NaN (e4m3 has no inf)."""
+    sign = torch.signbit(x).to(torch.uint8) << 7
+    nan = ~torch.isfinite(x) if not f.has_inf else torch.isnan(x)
+    nan_code = 0x7F
+    q[nan] = nan_code | sign[nan]
+    if f.has_inf:
+        inf = torch.isinf(x)
+        q[inf] = 0x7C | sign[inf]
+
+
+def dequantize(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    fmt: str,
+    scaling: str,
+    block: int = 128,
+    *,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """Decode fp8 codes: ``out = fp8_value(q) * scale`` per tensor or per block (float32, ``q.numel()``).
+
+    With ``accumulate=True`` the decoded values are *added* to ``out`` (float32 sum of several sources, as the
+    reduce-scatter needs) instead of overwriting it.
+    """
+    f = get_format(fmt)
+    _check_scaling(scaling, block)
+    _check_input(q, "q", torch.uint8)
+    _check_input(scales, "scales", torch.float32)
+    n = q.numel()
+    ns = num_scales(n, scaling, block)
+    if scales.numel() != ns:
+        raise ValueError(f"{scaling} scaling of {n} codes needs {ns} scales, got {scales.numel()}")
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs an out tensor to add into")
+        out = torch.empty(n, dtype=torch.float32, device=q.device)
+    else:
+        _check_input(out, "out", torch.float32)
+        if out.numel() != n:
+            raise ValueError(f"out must have {n} elements, got {out.numel()}")
+    if n == 0:
+        return out
+    if _kernel.available(q.device):
+        _kernel.dequantize(q, scales, out, f, scaling, block, accumulate)
+        return out
+
+    dst = _workspace("f32dec", n, torch.float32, q.device) if accumulate else out
+    if f.has_inf:
+        # e5m2 -> float32 is a vectorised cast in torch; e4m3's is not (about 20x slower), hence the table.
+        dst.copy_(q.view(f.dtype))
+    else:
+        idx = _workspace("idx", n, torch.int32, q.device, zero=True)
+        # Writing only the low byte of each (zero-initialised, never otherwise written) int32 turns the codes
+        # into table indices without torch's slow uint8 -> int32 conversion.
+        idx.view(torch.uint8)[0::4].copy_(q)
+        torch.index_select(_lut(fmt, q.device), 0, idx, out=dst)
+    if scaling == "block":
+        for rows, sl in _rows(dst, scaling, block):
+            rows.mul_(scales[sl].unsqueeze(1))
+    elif scaling == "tensor":
+        dst.mul_(scales[0])
+    if accumulate:
+        out.add_(dst)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Optional fused C kernel. Compiled on first use with the system C compiler and loaded through ctypes (which
+# releases the GIL); any failure falls back to the pure-torch path above, which gives identical bits.
+
+_C_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* Round-to-nearest-even fp32 -> fp8 code, branch-free so the loops vectorise. Finite values saturate to the
+   largest finite code; inf -> inf (e5m2) or NaN (e4m3fn); NaN -> NaN; the sign is kept throughout.
+   Normal range: add the exponent re-bias, the rounding constant and the odd bit, then shift.
+   Subnormal range: adding 2^(sub_exp+23) makes the FPU round to a multiple of the subnormal step. */
+#define ENC(NAME, MBITS, MIN_NORMAL_EXP_FIELD, BIAS, DENORM_EXP_FIELD, MAXCODE, NONFINITE_INF)        \
+static inline uint8_t NAME(float f) {                                                                    \
+    uint32_t b = f2u(f);                                                                                 \
+    uint32_t sign = (b >> 24) & 0x80u;                                                                   \
+    uint32_t a = b & 0x7FFFFFFFu;                                                                        \
+    uint32_t sh = 23 - MBITS;                                                                            \
+    uint32_t rn = (a + ((uint32_t)(BIAS - 127) << 23) + ((1u << (sh - 1)) - 1) + ((a >> sh) & 1u)) >> sh; \
+    uint32_t dm = (uint32_t)DENORM_EXP_FIELD << 23;                                                      \
+    uint32_t rs = f2u(u2f(a) + u2f(dm)) - dm;                                                            \
+    /* Selects as bit masks: gcc vectorises these, but not the equivalent ?: chain. */                   \
+    uint32_t sub = 0u - (uint32_t)(a < ((uint32_t)MIN_NORMAL_EXP_FIELD << 23));                           \
+    uint32_t r = (rs & sub) | (rn & ~sub);                                                               \
+    r = r > MAXCODE ? MAXCODE : r;                                                                       \
+    uint32_t inf = 0u - (uint32_t)(a == 0x7F800000u);                                                    \
+    r = (r & ~inf) | (NONFINITE_INF & inf);                                                              \
+    r |= 0x7Fu & (0u - (uint32_t)(a > 0x7F800000u));                                                     \
+    return (uint8_t)(r | sign);                                                                          \
+}
+ENC(enc_e4m3, 3, 121, 7, 141, 0x7Eu, 0x7Fu)
+ENC(enc_e5m2, 2, 113, 15, 134, 0x7Bu, 0x7Cu)
+
+/* max |x| over finite values; *nonfinite set when any element is inf or NaN. */
+static float amax_range(const float* x, int64_t n, int* nonfinite) {
+    float m = 0.0f;
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        int fin = a <= FLT_MAX;
+        bad |= !fin;
+        a = fin ? a : 0.0f;
+        m = a > m ? a : m;
+    }
+    if (bad) *nonfinite = 1;
+    return m;
+}
+
+/* Power-of-two scale exponent: smallest k with amax / 2^k <= fmax, clamped to [-126, 127]; 0 for amax 0. */
+static int scale_exp(float amax, float fmax) {
+    if (!(amax > 0.0f)) return 0;
+    int e;
+    frexpf(amax / fmax, &e);
+    int k = e - 1;
+    while (ldexpf(amax, -k) > fmax) k++;
+    while (k > -126 && ldexpf(amax, -(k - 1)) <= fmax) k--;
+    if (k < -126) k = -126;
+    if (k > 127) k = 127;
+    return k;
+}
+
+static void encode_range(const float* x, uint8_t* q, int64_t n, float inv, int fmt) {
+    if (fmt == 0) {
+        for (int64_t i = 0; i < n; i++) q[i] = enc_e4m3(x[i] * inv);
+    } else {
+        for (int64_t i = 0; i < n; i++) q[i] = enc_e5m2(x[i] * inv);
+    }
+}
+
+/* mode 0 tensor, 1 block, 2 none. Returns 1 when any input was non-finite. */
+int cb_fp8_quantize(const float* x, uint8_t* q, float* scales, int64_t n, int64_t block, int fmt, int mode,
+                    int nthreads) {
+    float fmax = fmt == 0 ? 448.0f : 57344.0f;
+    int nonfinite = 0;
+    if (mode == 2) {
+        scales[0] = 1.0f;
+        #pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t c = 0; c < n; c += 65536) {
+            int64_t len = n - c < 65536 ? n - c : 65536;
+            encode_range(x + c, q + c, len, 1.0f, fmt);
+        }
+        return 0;
+    }
+    if (mode == 0) {
+        float m = 0.0f;
+        #pragma omp parallel for num_threads(nthreads) schedule(static) reduction(max:m) reduction(|:nonfinite)
+        for (int64_t c = 0; c < n; c += 65536) {
+            int64_t len = n - c < 65536 ? n - c : 65536;
+            int nf = 0;
+            float a = amax_range(x + c, len, &nf);
+            nonfinite |= nf;
+            m = a > m ? a : m;
+        }
+        int k = scale_exp(m, fmax);
+        scales[0] = ldexpf(1.0f, k);
+        float inv = ldexpf(1.0f, -k);
+        #pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t c = 0; c < n; c += 65536) {
+            int64_t len = n - c < 65536 ? n - c : 65536;
+            encode_range(x + c, q + c, len, inv, fmt);
+        }
+        return nonfinite;
+    }
+    int64_t nb = (n + block - 1) / block;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) reduction(|:nonfinite)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = b * block;
+        int64_t len = n - s < block ? n - s : block;
+        int nf = 0;
+        int k = scale_exp(amax_range(x + s, len, &nf), fmax);
+        nonfinite |= nf;
+        scales[b] = ldexpf(1.0f, k);
+        encode_range(x + s, q + s, len, ldexpf(1.0f, -k), fmt);
+    }
+    return nonfinite;
+}
+
+/* out[i] (+)= lut[q[i]] * scale of i's block (block = n for one scale). */
+void cb_fp8_dequantize(const uint8_t* q, const float* scales, const float* lut, float* out, int64_t n,
+                       int64_t block, int accumulate, int nthreads) {
+    int64_t nb = (n + block - 1) / block;
+    int64_t step = block >= 4096 ? 1 : 4096 / block;  /* blocks per task, so tiny blocks are not one task each */
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t b0 = 0; b0 < nb; b0 += step) {
+        int64_t b1 = b0 + step < nb ? b0 + step : nb;
+        for (int64_t b = b0; b < b1; b++) {
+            int64_t s = b * block;
+            int64_t len = n - s < block ? n - s : block;
+            float sc = scales[b];
+            const uint8_t* qq = q + s;
+            float* o = out + s;
+            if (accumulate) {
+                for (int64_t i = 0; i < len; i++) o[i] += lut[qq[i]] * sc;
+            } else {
+                for (int64_t i = 0; i < len; i++) o[i] = lut[qq[i]] * sc;
+            }
+        }
+    }
+}
+"""
+
+
+class _NoKernel:
+    """Stand-in when the C kernel is disabled or could not be built."""
+
+    def available(self, device: torch.device) -> bool:
+        return False
+
+    def quantize(self, *args: object) -> None:  # pragma: no cover - never called when unavailable
+        raise RuntimeError("fp8 kernel unavailable")
+
+    def dequantize(self, *args: object) -> None:  # pragma: no cover
+        raise RuntimeError("fp8 kernel unavailable")
+
+
+class _CKernel(_NoKernel):
+    """ctypes binding of :data:`_C_SOURCE`; built lazily, CPU tensors only."""
+
+    def __init__(self) -> None:
+        self._lib: object | None = None
+        self._tried = False
+        self.error: str | None = None
+        self._modes = {"tensor": 0, "block": 1, "none": 2}
+
+    def _load(self) -> object | None:
+        import ctypes
+        import hashlib
+        import os
+        import shutil
+        import subprocess
+        import tempfile
+        from pathlib import Path
+
+        self._tried = True
+        if os.environ.get("COMMBENCH_FP8_KERNEL", "1") == "0":
+            self.error = "disabled by COMMBENCH_FP8_KERNEL=0"
+            return None
+        cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        if cc is None:
+            self.error = "no C compiler found"
+            return None
+        flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math"]
+        try:
+            cpu = Path("/proc/cpuinfo").read_text(errors="replace").split("\n\n")[0]
+        except OSError:
+            cpu = ""
+        key = hashlib.sha256("\0".join([_C_SOURCE, cc, *flags, cpu]).encode()).hexdigest()[:16]
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commbench"
+        so = cache / f"fp8_{key}.so"
+        try:
+            if not so.exists():
+                cache.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    src = Path(tmp) / "fp8.c"
+                    src.write_text(_C_SOURCE)
+                    built = Path(tmp) / "fp8.so"
+                    subprocess.run(
+                        [cc, *flags, str(src), "-o", str(built), "-lm"], check=True, capture_output=True, timeout=120
+                    )
+                    # Atomic publish: concurrent ranks may build at the same time.
+                    part = cache / f".{so.name}.{os.getpid()}"
+                    shutil.copyfile(built, part)
+                    os.replace(part, so)
+            lib = ctypes.CDLL(str(so))
+        except (OSError, subprocess.SubprocessError) as e:
+            self.error = f"could not build the fp8 kernel: {e}"
+            return None
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        lib.cb_fp8_quantize.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.cb_fp8_quantize.restype = ctypes.c_int
+        lib.cb_fp8_dequantize.argtypes = [ptr, ptr, ptr, ptr, i64, i64, ctypes.c_int, ctypes.c_int]
+        lib.cb_fp8_dequantize.restype = None
+        return lib
+
+    def available(self, device: torch.device) -> bool:
+        if device.type != "cpu":
+            return False
+        if not self._tried:
+            self._lib = self._load()
+        return self._lib is not None
+
+    def quantize(
+        self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, f: Fp8Format, scaling: str, block: int
+    ) -> None:  # type: ignore[override]
+        n = x.numel()
+        lib = self._lib
+        lib.cb_fp8_quantize(  # type: ignore[attr-defined]
+            x.data_ptr(),
+            q.data_ptr(),
+            scales.data_ptr(),
+            n,
+            block if scaling == "block" else max(n, 1),
+            0 if f.name == "e4m3" else 1,
+            self._modes[scaling],
+            torch.get_num_threads(),
+        )
+
+    def dequantize(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        scales: torch.Tensor,
+        out: torch.Tensor,
+        f: Fp8Format,
+        scaling: str,
+        block: int,
+        accumulate: bool,
+    ) -> None:
+        n = q.numel()
+        lut = _lut(f.name, q.device)
+        self._lib.cb_fp8_dequantize(  # type: ignore[union-attr, attr-defined]
+            q.data_ptr(),
+            scales.data_ptr(),
+            lut.data_ptr(),
+            out.data_ptr(),
+            n,
+            block if scaling == "block" else max(n, 1),
+            int(accumulate),
+            torch.get_num_threads(),
+        )
+
+
+_kernel: _NoKernel = _CKernel()
+
+
+def kernel_status() -> str:
+    """Which codec path runs on CPU: ``"c"`` (fused kernel) or ``"torch (<reason>)"``."""
+    k = _kernel
+    if k.available(torch.device("cpu")):
+        return "c"
+    return f"torch ({getattr(k, 'error', 'unavailable')})"
+
+
+def use_kernel(enabled: bool) -> None:
+    """Switch the fused C kernel on or off for this process (tests compare both paths bit for bit)."""
+    global _kernel
+    _kernel = _CKernel() if enabled else _NoKernel()

@@ -1,0 +1,203 @@
+"""End-to-end runs through the CLI on real 2- and 3-rank gloo groups: rows, nccl-tests arithmetic, error
+ordering of the precisions, resume, a killed and a hung rank, and every bad input (exit code 2, one line)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import commbench
+from commbench.results import COLUMNS
+from tests.cli_util import FAST, commbench as run_cli
+
+pytestmark = pytest.mark.timeout(240)
+
+SIZES = ["-b", "1K", "-e", "64K", "-f", "4"]  # 1K, 4K, 16K, 64K
+
+
+def _bus_factor(coll: str, n: int) -> float:  # nccl-tests doc/PERFORMANCE.md, written out independently
+    return 2 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n
+
+
+@pytest.fixture(scope="module")
+def run2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp = tmp_path_factory.mktemp("run2")
+    out = tmp / "run"
+    proc = run_cli(
+        "run", "--collectives", "all_reduce,all_gather,reduce_scatter,all_to_all", "--precisions", "fp32,fp16,bf16,bf16_compress",
+        *SIZES, "--nproc", "2", "--out", str(out), *FAST, cwd=tmp,
+    )  # fmt: skip
+    return out, proc
+
+
+def test_sweep_rows_and_definitions(run2: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, proc = run2
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = commbench.load(out)
+    assert list(df.columns[: len(COLUMNS)]) == list(COLUMNS)
+    assert len(df) == 4 * 4 * 4
+    assert set(df["fp32_bytes"]) == {1024, 4096, 16384, 65536}
+    assert (df["wrong"] == 0).all()
+    assert (df["world_size"] == 2).all() and (df["backend"] == "gloo").all()
+    for _, r in df.iterrows():
+        assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * _bus_factor(r["collective"], 2))
+        elem = {"fp32": 4, "fp16": 2, "bf16": 2, "bf16_compress": 2}[r["precision"]]
+        assert r["size_bytes"] == r["fp32_bytes"] // 4 * elem
+        expect_count = r["fp32_bytes"] // 4 if r["collective"] == "all_reduce" else r["fp32_bytes"] // 8
+        assert r["count"] == expect_count
+        assert r["time_us"] <= r["time_us_max"] + 1e-9
+        assert r["total_us"] == pytest.approx(r["encode_us"] + r["comm_us"] + r["decode_us"])
+    comp = df[df["precision"] == "bf16_compress"]
+    assert (comp["encode_us"] > 0).all() and (comp["decode_us"] > 0).all()
+    assert (df[df["precision"] == "fp32"]["encode_us"] == 0).all()
+    meta = commbench.load_metadata(out)
+    for key in ("torch_version", "python_version", "host", "backend", "world_size", "suite", "timing", "start_time", "end_time", "schema_version", "threads_per_rank"):
+        assert meta.get(key) is not None, key
+    assert meta["threads_per_rank"] == 1  # two ranks on two cores: one thread each
+    assert (out / "results.csv").is_file() and (out / "results.parquet").is_file() and (out / "crossover.csv").is_file()
+    # nccl-tests table layout on stdout
+    assert "#       size         count      type   redop    root     time   algbw   busbw #wrong" in proc.stdout
+    assert "crossover" in proc.stdout
+
+
+def test_error_ordering_on_normal_payload(run2: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    df = commbench.load(run2[0])
+    for coll, g in df.groupby("collective"):
+        err = g.groupby("precision")["rel_err"].max()
+        assert err["fp32"] < 1e-6, coll  # fp32 sum of two fp32 values: rounding only
+        assert err["fp32"] < err["fp16"] < err["bf16"], coll  # 10 vs 7 mantissa bits
+        assert err["fp16"] < 2e-3 and err["bf16"] < 2e-2
+
+
+def test_gradient_payload_shows_fp16_underflow(tmp_path: Path) -> None:
+    out = tmp_path / "grad"
+    proc = run_cli("run", "--collectives", "all_reduce", "--precisions", "fp32,fp16,bf16", "-b", "4K", "-e", "4K",
+                   "--payload", "gradient", "--nproc", "2", "--out", str(out), *FAST, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    err = commbench.load(out).set_index("precision")["rel_err"]
+    # std 1e-7 sits at fp16's smallest subnormal (6e-8): values flush to zero or keep one or two bits
+    assert err["fp16"] > 0.1
+    assert err["bf16"] < 0.01  # bf16 keeps fp32's exponent range
+    assert err["fp32"] < 1e-6
+
+
+def test_three_ranks_odd_world(tmp_path: Path) -> None:
+    out = tmp_path / "n3"
+    proc = run_cli("run", "--collectives", "all_gather,reduce_scatter,all_reduce,all_to_all", "--precisions", "fp32,bf16",
+                   "-b", "1K", "-e", "4K", "-f", "2", "--nproc", "3", "--out", str(out), *FAST, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = commbench.load(out)
+    assert len(df) == 4 * 2 * 3 and (df["wrong"] == 0).all() and (df["world_size"] == 3).all()
+    ag = df[(df["collective"] == "all_gather") & (df["precision"] == "fp32") & (df["fp32_bytes"] == 1024)].iloc[0]
+    assert ag["count"] == 85 and ag["size_bytes"] == 255 * 4  # 256 elements rounded down to a multiple of 3
+    for _, r in df.iterrows():
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * _bus_factor(r["collective"], 3))
+    assert (df[df["precision"] == "fp32"]["rel_err"] < 1e-6).all()
+
+
+def test_killed_rank_then_resume(tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    args = ["run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", "1K", "-e", "64K", "-f", "2", "--nproc", "2", *FAST]
+    proc = run_cli(*args, "--out", str(out), cwd=tmp_path, env={"COMMBENCH_INJECT_FAULT": "kill:1:3"})
+    assert proc.returncode == 1
+    assert "rank 1 was killed by SIGKILL" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("commbench: error:")[-1]
+    done = commbench.load(out)
+    assert sorted(done["fp32_bytes"]) == [1024, 2048, 4096]  # every point finished before the kill is kept
+    before = (out / "rows.jsonl").read_text()
+    proc = run_cli(*args, "--resume", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = commbench.load(out)
+    assert sorted(df["fp32_bytes"]) == [1024 * 2**i for i in range(7)]
+    assert (out / "rows.jsonl").read_text().startswith(before)  # resume appended, rewrote nothing
+
+
+def test_hung_rank_is_named_within_timeout(tmp_path: Path) -> None:
+    out = tmp_path / "hung"
+    proc = run_cli("run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", "1K", "-e", "4K", "--nproc", "2",
+                   "--timeout", "5", "--out", str(out), *FAST, cwd=tmp_path, env={"COMMBENCH_INJECT_FAULT": "hang:1:1"},
+                   timeout=90)  # fmt: skip
+    assert proc.returncode == 1
+    assert "rank 1 stopped responding" in proc.stderr
+    assert len(commbench.load(out)) == 1
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out) not in ps  # no orphan rank left behind
+
+
+BAD_INPUTS = [
+    (["run", "--collectives", "allreduce"], "unknown collective 'allreduce'; valid choices: all_reduce"),
+    (["run", "--precisions", "fp64"], "unknown precision 'fp64'; valid choices: fp32"),
+    (["run", "-b", "1XB"], "malformed size '1XB'"),
+    (["run", "-b", "-4K"], "-b/--minbytes"),
+    (["run", "-b", "64K", "-e", "1K"], "minimum size 64K is larger than maximum size 1K"),
+    (["run", "--nproc", "0"], "--nproc must be >= 1"),
+    (["run", "--backend", "mpi"], "invalid choice: 'mpi'"),
+    (["run", "no-such-suite"], "unknown suite 'no-such-suite'; known suites: quick"),
+    (["run", "--resume", "nowhere"], "run directory 'nowhere' does not exist"),
+    (["report", "nowhere"], "run directory 'nowhere' does not exist"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
+def test_bad_input_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = run_cli(*args, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists()  # nothing written
+
+
+def test_broken_suite_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("collectives = [all_reduce\n")
+    proc = run_cli("run", str(bad), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "broken suite file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('precisions = ["fp32", "fp128"]\n')
+    proc = run_cli("run", str(unknown), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "unknown precision 'fp128'" in proc.stderr
+
+
+def test_out_dir_not_overwritten_or_unwritable(tmp_path: Path) -> None:
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    proc = run_cli("run", "--out", str(out), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "is not empty" in proc.stderr
+    assert (out / "keep.txt").read_text() == "precious" and len(list(out.iterdir())) == 1
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_cli("run", "--out", str(blocker / "run"), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "cannot be created" in proc.stderr
+    assert blocker.read_text() == "x"
+
+
+def test_list_names_everything(tmp_path: Path) -> None:
+    proc = run_cli("list", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "fp32", "fp16", "bf16", "bf16_compress", "quick"):
+        assert name in proc.stdout
+
+
+def test_load_reads_csv_when_parquet_missing(run2: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run2[0], copy)
+    (copy / "results.parquet").unlink()
+    a, b = commbench.load(run2[0]), commbench.load(copy)
+    pd.testing.assert_frame_equal(a[["collective", "size_bytes", "wrong"]], b[["collective", "size_bytes", "wrong"]])
+    meta = json.loads((copy / "metadata.json").read_text())
+    meta["schema_version"] = 99
+    (copy / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(commbench.RunDirError, match="schema version 99"):
+        commbench.load(copy)
+    assert math.isfinite(a["time_us"].sum())
