@@ -87,6 +87,18 @@ def test_gradient_payload_shows_fp16_underflow(tmp_path: Path) -> None:
     assert err["fp32"] < 1e-6
 
 
+def test_large_world_reference_path(tmp_path: Path) -> None:
+    """Beyond 16 ranks the float64 reference comes from a float64 collective; force that path on 2 ranks."""
+    out = tmp_path / "ref"
+    proc = run_cli("run", "--collectives", "all_reduce,reduce_scatter", "--precisions", "fp32,bf16", "-b", "4K", "-e", "4K",
+                   "--nproc", "2", "--out", str(out), *FAST, cwd=tmp_path, env={"COMMBENCH_LOCAL_REFERENCE_MAX_RANKS": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = commbench.load(out).set_index(["collective", "precision"])
+    assert (df["wrong"] == 0).all()
+    for coll in ("all_reduce", "reduce_scatter"):
+        assert df.loc[(coll, "fp32"), "rel_err"] < 1e-6 < df.loc[(coll, "bf16"), "rel_err"] < 2e-2
+
+
 def test_three_ranks_odd_world(tmp_path: Path) -> None:
     out = tmp_path / "n3"
     proc = run_cli("run", "--collectives", "all_gather,reduce_scatter,all_reduce,all_to_all", "--precisions", "fp32,bf16",

@@ -1,0 +1,102 @@
+"""Fidelity of the harness: commbench's timing of fp32 all_reduce against a minimal raw ``dist.all_reduce``
+loop, measured side by side in one 2-rank gloo world (interleaved, so machine noise hits both alike).
+
+    python benchmarks/bench_fidelity.py            # prints ratios; targets: busbw ratio 0.95-1.05 at 1 MiB
+                                                   # and 16 MiB, 8 B time ratio <= 1.1
+Also times the quick suite end to end (``python -m commbench`` wall time, target <= 90 s) with --quick-suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROUNDS = 5
+
+
+def raw_loop(t: torch.Tensor, iters: int) -> float:
+    """The reference: what anyone would write to time all_reduce by hand."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(t)
+    return (time.perf_counter() - t0) / iters
+
+
+def worker(rank: int, world: int, port: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from commbench.collectives import get_collective
+    from commbench.launch import Dist, WorldInfo
+    from commbench.precision import get_precision
+    from commbench.timing import Stats, measure
+
+    d = Dist(
+        info=WorldInfo(rank, world, rank, world, "127.0.0.1", port, "local"),
+        backend="gloo", device=torch.device("cpu"), host="localhost", hosts=("localhost",) * world, threads=1,
+    )  # fmt: skip
+    coll = get_collective("all_reduce")
+    results = {}
+    for nbytes in (8, 1 << 20, 16 << 20):
+        n = nbytes // 4
+        op = get_precision("fp32").make_op(coll, coll.layout(n, world), None, d.device)
+        op.load(torch.randn(n))
+        raw_t = torch.randn(n)
+        harness, raw = [], []
+        for _ in range(ROUNDS):
+            m = measure(op.comm, warmup=2, min_time_s=0.05, repeats=5, max_iters=100000, agree=d.agree_max, barrier=d.barrier)
+            harness.append(Stats.from_ranks(d.gather_floats(m.samples)).time_us)
+            # the raw loop at the same iteration count, median of 5 like the harness
+            per_rank = [raw_loop(raw_t, m.iters) for _ in range(5)]
+            raw.append(Stats.from_ranks(d.gather_floats(per_rank)).time_us)
+        results[nbytes] = (statistics.median(harness), statistics.median(raw))
+    if rank == 0:
+        q.put(results)
+    dist.destroy_process_group()
+
+
+def fidelity() -> None:
+    from commbench.launch import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, 2, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    res = q.get(timeout=600)
+    for p in procs:
+        p.join(60)
+    print(f"# fidelity: 2 ranks gloo, torch {torch.__version__}, {os.cpu_count()} cores, {ROUNDS} interleaved rounds")
+    print(f"{'size':>10} {'commbench_us':>13} {'raw_loop_us':>12} {'busbw ratio (cb/raw)':>21} {'time ratio (cb/raw)':>20}")
+    for nbytes, (h, r) in res.items():
+        print(f"{nbytes:>10} {h:>13.1f} {r:>12.1f} {r / h:>21.3f} {h / r:>20.3f}")
+
+
+def quick_suite() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "commbench", "--out", f"{tmp}/run", "--quiet"], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    print(f"# quick suite: `python -m commbench` exit {proc.returncode}, wall {wall:.1f} s (target <= 90 s)")
+    if proc.returncode:
+        print(proc.stderr[-2000:])
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick-suite", action="store_true", help="also time `python -m commbench` end to end")
+    a = ap.parse_args()
+    fidelity()
+    if a.quick_suite:
+        quick_suite()
