@@ -391,9 +391,9 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
             print("#\n# crossover: smallest fp32 tensor size from which a precision beats fp32 on effective bandwidth")
             from commbench.config import format_size
 
-            for c in cross:
-                where = format_size(int(c["crossover_bytes"])) if c["note"] == "" else c["note"]
-                print(f"#   {c['collective']:<15} {c['precision']:<20} {where}")
+            for row in cross:
+                where = format_size(int(row["crossover_bytes"])) if row["note"] == "" else row["note"]
+                print(f"#   {row['collective']:<15} {row['precision']:<20} {where}")
 
 
 def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:

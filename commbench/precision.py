@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -61,7 +61,7 @@ class Precision(ABC):
     input_dtype: torch.dtype
     """dtype of the user's tensor (what ``load`` receives)."""
     wire_dtype: torch.dtype
-    description: ClassVar[str] = ""
+    description: str = ""
 
     @property
     def nccl_type(self) -> str:

@@ -213,3 +213,22 @@ def test_load_reads_csv_when_parquet_missing(run2: tuple[Path, subprocess.Comple
     with pytest.raises(commbench.RunDirError, match="schema version 99"):
         commbench.load(copy)
     assert math.isfinite(a["time_us"].sum())
+
+
+def test_joins_a_torchrun_world(tmp_path: Path) -> None:
+    """Under torchrun commbench joins the existing world instead of spawning its own."""
+    import sys
+
+    from commbench.launch import free_port
+
+    out = tmp_path / "tr"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+         "-m", "commbench", "run", "--collectives", "all_gather", "--precisions", "fp32", "-b", "1K", "-e", "1K",
+         "--out", str(out), *FAST],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = commbench.load_metadata(out)
+    assert meta["launcher"] == "torchrun" and meta["world_size"] == 2
+    assert len(commbench.load(out)) == 1
