@@ -468,7 +468,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.labels is not None and len(args.labels) != len(args.run_dirs):
         raise CLIError(f"--labels has {len(args.labels)} labels for {len(args.run_dirs)} runs")
     out = args.out or Path("results") / f"compare-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
-    for w in compare_warnings(args.run_dirs):
+    for w in compare_warnings(args.run_dirs, args.labels):
         print(f"commbench: warning: {w}", file=sys.stderr)
     paths = compare_runs(args.run_dirs, args.labels, out)
     for kind, path in paths.items():

@@ -38,7 +38,7 @@ import platform
 import re
 import sys
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -328,7 +328,7 @@ def parse_nccl_text(text: str, collective: str | None = None) -> tuple[list[dict
         type_name = fx["type"]
         if type_name not in NCCL_TYPES:
             raise ValueError(f"{where}: unknown nccl-tests data type {type_name!r}; known: {', '.join(NCCL_TYPES)}")
-        fixed = {
+        fixed: dict[str, Any] = {
             "size_bytes": _int(fx["size"], where),
             "count": _int(fx["count"], where),
             "dtype": type_name,
@@ -363,7 +363,7 @@ def _json_docs(text: str) -> list[dict[str, Any]]:
     except json.JSONDecodeError as e:
         # one object per line is also accepted; otherwise report the parser's line
         lines = [ln for ln in text.splitlines() if ln.strip()]
-        if len(lines) > 1:
+        if len(lines) > 1 and _parses(lines[0]):
             docs = []
             for n, ln in enumerate(text.splitlines(), start=1):
                 if not ln.strip():
@@ -375,6 +375,14 @@ def _json_docs(text: str) -> list[dict[str, Any]]:
             return _check_docs(docs)
         raise ValueError(f"line {e.lineno}: malformed nccl-tests JSON: {e.msg} (column {e.colno})") from None
     return _check_docs(doc if isinstance(doc, list) else [doc])
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def _check_docs(docs: list[Any]) -> list[dict[str, Any]]:
@@ -430,7 +438,7 @@ def parse_nccl_json(text: str, collective: str | None = None) -> tuple[list[dict
             where = f"JSON document {b} results[{j}]"
             try:
                 type_name = str(r["type"]).strip()
-                fixed = {
+                fixed: dict[str, Any] = {
                     "size_bytes": int(r["size"]),
                     "count": int(r["count"]),
                     "dtype": type_name,
@@ -526,7 +534,7 @@ def _to_schema(
     rows: list[dict[str, Any]], info: dict[str, Any], path: Path, fmt: str
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     blocks = info["blocks"]
-    now = datetime.now(UTC).isoformat(timespec="seconds")
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out: list[dict[str, Any]] = []
     by_block: dict[int, list[dict[str, Any]]] = {}
     for r in rows:

@@ -1,0 +1,287 @@
+"""Comparing runs: align points, ratio tables, overlay plots, fairness warnings, HTML + Markdown.
+
+This module owns `compare_runs` (the `python -m commbench compare` view) and `compare_warnings`.
+Points are aligned by (collective, precision, size_bytes) on each run's primary payload (normal
+first); repeated points in one run (imports with in-place and out-of-place rows, several runs in
+one log) enter as their median. The first run is the baseline A; every other run B gets B/A ratios.
+It reads run directories only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from commbench import plots, report
+from commbench.plots import RunData, human_size, load_run
+from commbench.report import Table, fmt
+
+__all__ = ["aligned", "compare_runs", "compare_warnings", "ratio_table", "resolve_labels"]
+
+ALIGN_KEYS = ["collective", "precision", "size_bytes"]
+LINESTYLES = ["-", "--", ":", "-."]
+
+# metadata fields that make a comparison unfair when they differ, with why (shown to the user).
+FAIRNESS: list[tuple[str, str]] = [
+    ("world_size", "busbw normalises by world size, but time and algbw do not"),
+    ("nodes", "intra-node and inter-node links differ"),
+    ("nproc_per_node", "ranks per node change which links carry traffic"),
+    ("backend", "gloo and nccl are different transports"),
+    ("torch_version", "collective implementations change between torch releases"),
+    ("nccl_version", "NCCL algorithms and fp8 support change between versions"),
+    ("threads_per_rank", "CPU threads per rank change gloo's speed"),
+    ("suite", "the suites differ (sizes, precisions or payloads)"),
+    ("timing", "the timing settings differ (warmup, min time, repeats)"),
+]
+
+
+def resolve_labels(run_dirs: list[Path], labels: list[str] | None) -> list[str]:
+    """Labels for the runs: given ones (same count, unique, non-empty) or the directory names."""
+    if len(run_dirs) < 2:
+        raise ValueError(f"compare needs at least 2 run directories, got {len(run_dirs)}")
+    if labels is None:
+        names = [Path(d).resolve().name or str(d) for d in run_dirs]
+        if len(set(names)) == len(names):
+            return names
+        return [f"{chr(ord('A') + i) if i < 26 else i}:{n}" for i, n in enumerate(names)]
+    labels = [s.strip() for s in labels]
+    if len(labels) != len(run_dirs):
+        raise ValueError(f"--labels has {len(labels)} label(s) for {len(run_dirs)} run(s); give one label per run")
+    if any(not s for s in labels) or len(set(labels)) != len(labels):
+        raise ValueError(f"--labels must be non-empty and distinct, got {labels}")
+    return labels
+
+
+def _canon(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def compare_warnings(runs: Sequence[RunData | Path | str], labels: list[str] | None = None) -> list[str]:
+    """Plain-language reasons the comparison may be unfair (differences in layout, versions, suite).
+
+    Accepts run directories or already loaded runs; labels as for `compare_runs`.
+    """
+    loaded = [r if isinstance(r, RunData) else load_run(Path(r)) for r in runs]
+    labels = resolve_labels([r.run_dir for r in loaded], labels)
+    runs = loaded
+    out: list[str] = []
+    imported = [lab for lab, r in zip(labels, runs, strict=True) if r.metadata.get("launcher") == "import"]
+    for key, why in FAIRNESS:
+        if imported and key in ("suite", "timing"):
+            continue  # an import has neither in commbench's sense; the import warning below says so
+        vals = [r.metadata.get(key) for r in runs]
+        # unknown (None) is not a difference: imports know no torch version, CPU runs no NCCL one
+        if len({_canon(v) for v in vals if v is not None}) > 1:
+            if key in ("suite", "timing"):
+                shown = ", ".join(labels)
+            else:
+                shown = ", ".join(f"{lab}={v}" for lab, v in zip(labels, vals, strict=True))
+            out.append(f"runs differ in {key} ({shown}): {why}.")
+    if imported and len(imported) < len(runs):
+        out.append(
+            f"{', '.join(imported)} imported from nccl-tests: times are nccl-tests' (GPU kernels, no "
+            "encode/decode), compared with commbench's own timing protocol."
+        )
+    al = aligned(runs, labels)
+    if al.empty:
+        out.append("the runs have no (collective, precision, size) point in common: nothing to compare.")
+    return out
+
+
+def _points(run: RunData) -> pd.DataFrame:
+    df = run.results
+    if df.empty:
+        return pd.DataFrame(columns=[*ALIGN_KEYS, "busbw_gbps", "time_us", "effective_gbps"])
+    df = plots._speed_rows(df)
+    vals = [c for c in ("busbw_gbps", "time_us", "algbw_gbps", "effective_gbps") if c in df.columns]
+    d = df[ALIGN_KEYS + vals].copy()
+    for c in vals:
+        d[c] = pd.to_numeric(d[c], errors="coerce")
+    return d.groupby(ALIGN_KEYS, as_index=False)[vals].median()
+
+
+def aligned(runs: list[RunData], labels: list[str]) -> pd.DataFrame:
+    """Inner join of every run's points on (collective, precision, size_bytes); columns
+    `<metric>|<label>` per run."""
+    merged: pd.DataFrame | None = None
+    for run, lab in zip(runs, labels, strict=True):
+        p = _points(run).set_index(ALIGN_KEYS)
+        p.columns = [f"{c}|{lab}" for c in p.columns]
+        merged = p if merged is None else merged.join(p, how="inner")
+    if merged is None or merged.empty:
+        return pd.DataFrame()
+    return merged.reset_index()
+
+
+def ratio_table(al: pd.DataFrame, labels: list[str]) -> Table:
+    """Per aligned point: baseline busbw and time, then per other run busbw B/A and time B/A."""
+    a = labels[0]
+    cols = ["collective", "precision", "size", f"busbw {a} (GB/s)", f"time {a} (us)"]
+    for b in labels[1:]:
+        cols += [f"busbw {b}", f"busbw {b}/{a}", f"time {b}", f"time {b}/{a}"]
+    rows = []
+    order = plots._order(al["collective"].unique(), plots.COLLECTIVE_ORDER) if len(al) else []
+    for coll in order:
+        g = al[al["collective"] == coll].sort_values(["precision", "size_bytes"])
+        for _, r in g.iterrows():
+            row = [
+                str(r["collective"]),
+                str(r["precision"]),
+                human_size(float(r["size_bytes"])),
+                fmt(r.get(f"busbw_gbps|{a}")),
+                fmt(r.get(f"time_us|{a}")),
+            ]
+            for b in labels[1:]:
+                row += [
+                    fmt(r.get(f"busbw_gbps|{b}")),
+                    fmt(_ratio(r.get(f"busbw_gbps|{b}"), r.get(f"busbw_gbps|{a}"))),
+                    fmt(r.get(f"time_us|{b}")),
+                    fmt(_ratio(r.get(f"time_us|{b}"), r.get(f"time_us|{a}"))),
+                ]
+            rows.append(row)
+    return Table(
+        "ratios",
+        f"Aligned points: ratios against {a} (busbw B/A > 1 and time B/A < 1 mean B is faster)",
+        cols,
+        rows,
+        "Aligned by collective, precision and size on the wire; each run's primary payload.",
+    )
+
+
+def _ratio(b: Any, a: Any) -> float:
+    try:
+        fa, fb = float(a), float(b)
+    except (TypeError, ValueError):
+        return math.nan
+    return fb / fa if fa > 0 and math.isfinite(fa) and math.isfinite(fb) else math.nan
+
+
+def _gmean(x: pd.Series) -> float:
+    x = x[(x > 0) & np.isfinite(x)]
+    return float(np.exp(np.log(x).mean())) if len(x) else math.nan
+
+
+def summary_table(al: pd.DataFrame, labels: list[str]) -> Table:
+    """Geometric-mean ratios per collective x precision (the right mean for ratios)."""
+    a = labels[0]
+    cols = ["collective", "precision", "points"]
+    for b in labels[1:]:
+        cols += [f"busbw {b}/{a} (geomean)", f"time {b}/{a} (geomean)", f"busbw {b}/{a} @ largest"]
+    rows = []
+    if len(al):
+        corder = plots._order(al["collective"].unique(), plots.COLLECTIVE_ORDER)
+        porder = plots._order(al["precision"].unique(), (plots.FP32_PRECISION,))
+        al = al.assign(_c=al["collective"].map(corder.index), _p=al["precision"].map(porder.index))
+        al = al.sort_values(["_c", "_p", "size_bytes"])
+        for (coll, prec), g in al.groupby(["collective", "precision"], sort=False):
+            g = g.sort_values("size_bytes")
+            row = [str(coll), str(prec), str(len(g))]
+            for b in labels[1:]:
+                bus = g[f"busbw_gbps|{b}"] / g[f"busbw_gbps|{a}"]
+                tim = g[f"time_us|{b}"] / g[f"time_us|{a}"]
+                row += [fmt(_gmean(bus)), fmt(_gmean(tim)), fmt(float(bus.iloc[-1]))]
+            rows.append(row)
+    return Table("ratio-summary", f"Summary: ratios against {a}", cols, rows)
+
+
+def runs_table(runs: list[RunData], labels: list[str]) -> Table:
+    keys = ["host", "device_name", "backend", "world_size", "nodes", "nproc_per_node", "torch_version"]
+    keys += ["nccl_version", "launcher", "start_time"]
+    rows = [[lab, str(r.run_dir), *[fmt(r.metadata.get(k)) for k in keys]] for lab, r in zip(labels, runs, strict=True)]
+    return Table("runs", "Runs compared", ["label", "run directory", *keys], rows)
+
+
+def _overlay(al: pd.DataFrame, labels: list[str], metric: str, ylabel: str, what: str, logy: bool) -> Any:
+    colls = plots._order(al["collective"].unique(), plots.COLLECTIVE_ORDER)
+    fig, axes = plots._grid(len(colls))
+    precs = plots._order(al["precision"].unique(), (plots.FP32_PRECISION,))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    colour = {p: ("black" if p == plots.FP32_PRECISION else cycle[i % len(cycle)]) for i, p in enumerate(precs)}
+    for ax, coll in zip(axes, colls, strict=True):
+        g = al[al["collective"] == coll]
+        for prec in precs:
+            gp = g[g["precision"] == prec].sort_values("size_bytes")
+            if gp.empty:
+                continue
+            for i, lab in enumerate(labels):
+                ax.plot(
+                    gp["size_bytes"],
+                    gp[f"{metric}|{lab}"],
+                    linestyle=LINESTYLES[i % len(LINESTYLES)],
+                    marker="o",
+                    markersize=3,
+                    color=colour[prec],
+                    label=plots.no_math(f"{prec} [{lab}]"),
+                )
+        plots._log2_size_axis(ax, g["size_bytes"])
+        if logy:
+            plots._log_y(ax)
+        ax.set_title(coll)
+        ax.set_xlabel("message size (bytes on the wire)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{what}: {' vs '.join(labels)} (line style = run)", fontsize=11, parse_math=False)
+    fig.tight_layout()
+    return fig
+
+
+def _write_fig(fig: Any, out: Path, name: str) -> dict[str, Path]:
+    paths = {}
+    try:
+        for f in ("png", "svg"):
+            p = out / f"{name}.{f}"
+            fig.savefig(p, format=f, dpi=110, metadata={"Date": None} if f == "svg" else {})
+            paths[f] = p
+    finally:
+        plt.close(fig)
+    return paths
+
+
+def compare_runs(run_dirs: list[Path], labels: list[str] | None, out_dir: Path) -> dict[str, Path]:
+    """Write compare.html, compare.md and plots/compare_*.png|svg into out_dir.
+
+    Returns {"html": ..., "md": ..., "<figure>.<fmt>": ...}; `compare_warnings` gives the warnings
+    (also printed at the top of both documents). Bad input raises ValueError.
+    """
+    run_dirs = [Path(d) for d in run_dirs]
+    labs = resolve_labels(run_dirs, labels)
+    runs = [load_run(d) for d in run_dirs]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    warns = compare_warnings(runs, labs)
+    al = aligned(runs, labs)
+    written: dict[str, dict[str, Path]] = {}
+    if not al.empty:
+        (out / "plots").mkdir(exist_ok=True)
+        for name, metric, ylabel, what, logy in (
+            ("compare_busbw", "busbw_gbps", "bus bandwidth (GB/s)", "Bus bandwidth", False),
+            ("compare_latency", "time_us", "time per op (us)", "Latency", True),
+        ):
+            written[name] = _write_fig(_overlay(al, labs, metric, ylabel, what, logy), out / "plots", name)
+    captions = {
+        "compare_busbw": "Bus bandwidth of the aligned points, one colour per precision, one line style per run.",
+        "compare_latency": "Time per op of the aligned points (log-log).",
+    }
+    figures = [(n, captions[n], p["png"], p.get("svg")) for n, p in written.items()]
+    sections = [
+        ("runs", "Runs", [runs_table(runs, labs)]),
+        ("summary", "Summary", [summary_table(al, labs)]),
+        ("full", "Aligned points", [ratio_table(al, labs)]),
+    ]
+    title = f"commbench comparison: {' vs '.join(labs)}"
+    html_path, md_path = out / "compare.html", out / "compare.md"
+    html_path.write_text(report.render_html(title, sections, figures, None, warns), encoding="utf-8")
+    md_path.write_text(report.render_markdown(title, sections, figures, None, out, warns), encoding="utf-8")
+    result: dict[str, Path] = {"html": html_path, "md": md_path}
+    for name, paths in written.items():
+        for f, p in paths.items():
+            result[f"{name}.{f}"] = p
+    return result

@@ -1,0 +1,528 @@
+"""Figures over a run directory: bandwidth, latency, numerical error and training views.
+
+This module owns every matplotlib figure commbench draws and the small loader (`load_run`) that the
+views (plots, report, compare, notebook) share. It only reads run directories through
+`commbench.results`' loaders; it never imports torch.distributed and never measures anything.
+
+Each `fig_*` function returns a `matplotlib.figure.Figure` (or None when the run has nothing to
+draw for it), so the notebook can show them inline; `write_plots` saves them as PNG and SVG.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+# Agg before pyplot: reports are written on headless nodes and in CI, where no display exists.
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
+
+from commbench import results as res
+
+__all__ = [
+    "FIGURES",
+    "RunData",
+    "fig_busbw",
+    "fig_effective",
+    "fig_error",
+    "fig_latency",
+    "fig_training_bars",
+    "fig_training_bytes",
+    "fig_training_curves",
+    "human_size",
+    "load_run",
+    "primary_payload",
+    "run_title",
+    "series_columns",
+    "write_plots",
+]
+
+COLLECTIVE_ORDER = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+PAYLOAD_ORDER = ("normal", "gradient", "outliers")
+# Columns that may distinguish two series at the same (collective, size); a column only enters a
+# legend label when it actually varies, so ordinary runs keep short labels.
+SERIES_CANDIDATES = ("precision", "impl", "placement", "redop")
+FP32_PRECISION = "fp32"
+
+
+@dataclass(slots=True)
+class RunData:
+    """Everything a view needs from one run directory (empty frames where a table is absent)."""
+
+    run_dir: Path
+    """The run directory the tables came from."""
+    results: pd.DataFrame
+    """One row per measured collective point (commbench.load)."""
+    metadata: dict[str, Any]
+    """metadata.json as a dict."""
+    crossover: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """crossover.csv, or computed from results when the run has none."""
+    training: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """training.csv summary, one row per policy."""
+    training_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """training_steps.csv, one row per policy x step."""
+
+
+def load_run(run_dir: Path | str) -> RunData:
+    """Load one run directory through commbench.results' public loaders.
+
+    Raises commbench.results.RunDirError (a ValueError) when the directory is not a readable run.
+    """
+    run_dir = Path(run_dir)
+    results = res.load(run_dir)
+    metadata = res.load_metadata(run_dir)
+    crossover = res.load_crossover(run_dir)
+    if crossover.empty and _has(results, "effective_gbps"):
+        # imported or older runs carry no crossover.csv: same definition, computed here.
+        crossover = pd.DataFrame(res.crossover(results), columns=list(res.CROSSOVER_COLUMNS))
+    return RunData(
+        run_dir,
+        results,
+        metadata,
+        crossover,
+        res.load_training(run_dir),
+        res.load_training_steps(run_dir),
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def human_size(n: float) -> str:
+    """Bytes as nccl-tests/commbench size strings: 1024-based, 8 -> '8B', 65536 -> '64K'."""
+    if n is None or not math.isfinite(n):
+        return ""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.0f}{unit}" if float(v).is_integer() else f"{v:.3g}{unit}"
+    return f"{n:.0f}B"
+
+
+def run_title(meta: dict[str, Any], what: str) -> str:
+    """A figure title that states what it shows, the backend, the world layout and the host."""
+    backend = meta.get("backend") or "?"
+    world = meta.get("world_size") or "?"
+    nodes = meta.get("nodes") or 1
+    ppn = meta.get("nproc_per_node")
+    layout = f"{world} ranks = {nodes} node(s) x {ppn}" if ppn else f"{world} ranks on {nodes} node(s)"
+    host = meta.get("host") or "?"
+    device = meta.get("device_name")
+    dev = f", {device}" if device else ""
+    return f"{what}\n{backend}, {layout}, host {host}{dev}"
+
+
+def _order(values: Iterable[str], preferred: tuple[str, ...]) -> list[str]:
+    vals = list(dict.fromkeys(str(v) for v in values))
+    return [v for v in preferred if v in vals] + sorted(v for v in vals if v not in preferred)
+
+
+def series_columns(df: pd.DataFrame) -> list[str]:
+    """The columns whose values vary in `df` and so must enter a series label (precision always)."""
+    cols = ["precision"]
+    if df.empty or "precision" not in df.columns:
+        return cols
+    for c in SERIES_CANDIDATES[1:]:
+        # only when one precision has several values (fp8 by bytes and natively, in/out-of-place),
+        # not when the column merely differs between precisions.
+        if c in df.columns and df.groupby("precision")[c].nunique(dropna=True).max() > 1:
+            cols.append(c)
+    return cols
+
+
+def _label(keys: tuple[Any, ...], cols: list[str]) -> str:
+    parts = [str(keys[0])]
+    parts += [f"{c}={k}" for c, k in zip(cols[1:], keys[1:], strict=True)]
+    return " ".join(parts)
+
+
+def primary_payload(df: pd.DataFrame) -> str | None:
+    """Bandwidth does not depend on the values sent, so speed plots use one payload: normal first."""
+    if "payload" not in df.columns or df["payload"].dropna().empty:
+        return None
+    return _order(df["payload"].dropna().unique(), PAYLOAD_ORDER)[0]
+
+
+def _speed_rows(df: pd.DataFrame) -> pd.DataFrame:
+    p = primary_payload(df)
+    return df if p is None else df[df["payload"].astype(str) == p]
+
+
+def _grid(n: int, ncols_max: int = 2, w: float = 6.0, h: float = 4.2) -> tuple[Figure, list[Axes]]:
+    ncols = min(n, ncols_max)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows + 0.9), squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _log2_size_axis(ax: Axes, sizes: Iterable[float]) -> None:
+    """Log-2 x axis with human size labels at powers of two, thinned to at most ~9 ticks."""
+    s = [float(v) for v in sizes if v is not None and math.isfinite(float(v)) and float(v) > 0]
+    ax.set_xscale("log", base=2)
+    if not s:
+        return
+    lo, hi = math.floor(math.log2(min(s))), math.ceil(math.log2(max(s)))
+    step = max(1, math.ceil((hi - lo + 1) / 9))
+    ax.set_xticks([2.0**e for e in range(lo, hi + 1, step)])
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human_size(v)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _log_y(ax: Axes) -> None:
+    # no minor tick labels: they cost most of the drawing time and clutter small panels.
+    ax.set_yscale("log")
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def no_math(s: str) -> str:
+    """Text from data for legends and tick labels: '$' escaped so matplotlib never parses mathtext."""
+    return str(s).replace("$", r"\$")
+
+
+def _title(fig: Figure, meta: dict[str, Any], what: str) -> None:
+    # parse_math=False: host names and device strings come from the user and may contain '$'.
+    fig.suptitle(run_title(meta, what), fontsize=11, parse_math=False)
+    fig.tight_layout()
+
+
+def _palette(df: pd.DataFrame, cols: list[str]) -> dict[str, Any]:
+    """One colour per series label for the whole figure, so a precision keeps its colour across
+    panels whichever series a panel happens to hold; fp32 is always the thick black reference."""
+    if df.empty:
+        return {}
+    keys = sorted({_label(tuple(k), cols) for k in df[cols].drop_duplicates().itertuples(index=False)})
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    others = [k for k in keys if k.split(" ")[0] != FP32_PRECISION]
+    return {k: cycle[i % len(cycle)] for i, k in enumerate(others)}
+
+
+def _lines(
+    ax: Axes,
+    df: pd.DataFrame,
+    x: str,
+    y: str,
+    cols: list[str],
+    positive: bool = False,
+    palette: dict[str, Any] | None = None,
+) -> int:
+    """One line per series; repeated points (several runs in one import) become their median."""
+    n = 0
+    sub = df[[*cols, x, y]].dropna(subset=[x, y])
+    if positive:
+        sub = sub[sub[y] > 0]
+    if sub.empty:
+        return 0
+    agg = sub.groupby([*cols, x], dropna=False, sort=True)[y].median().reset_index()
+    order = _order(agg["precision"].astype(str).unique(), (FP32_PRECISION,))
+    for keys, g in sorted(
+        agg.groupby(cols, dropna=False, sort=False),
+        key=lambda kv: (order.index(str(_tuple(kv[0])[0])), str(kv[0])),
+    ):
+        keys_t = _tuple(keys)
+        g = g.sort_values(x)
+        label = _label(keys_t, cols)
+        style: dict[str, Any] = {"color": "black", "linewidth": 2.2}
+        if keys_t[0] != FP32_PRECISION:
+            style = {"color": palette[label]} if palette and label in palette else {}
+        ax.plot(g[x], g[y], marker="o", markersize=3, label=no_math(label), **style)
+        n += 1
+    return n
+
+
+def _tuple(k: Any) -> tuple[Any, ...]:
+    return k if isinstance(k, tuple) else (k,)
+
+
+def _collectives(df: pd.DataFrame) -> list[str]:
+    return _order(df["collective"].dropna().unique(), COLLECTIVE_ORDER) if "collective" in df else []
+
+
+def _has(df: pd.DataFrame, col: str) -> bool:
+    return col in df.columns and pd.to_numeric(df[col], errors="coerce").notna().any()
+
+
+# --------------------------------------------------------------------------- collective figures
+
+
+def fig_busbw(run: RunData) -> Figure | None:
+    """busbw vs message size per collective (log-2 x), one line per precision."""
+    df = _speed_rows(run.results)
+    if df.empty or not _has(df, "busbw_gbps"):
+        return None
+    colls = _collectives(df)
+    fig, axes = _grid(len(colls))
+    cols = series_columns(df)
+    pal = _palette(df, cols)
+    for ax, coll in zip(axes, colls, strict=True):
+        d = df[df["collective"] == coll]
+        _lines(ax, d, "size_bytes", "busbw_gbps", cols, palette=pal)
+        _log2_size_axis(ax, d["size_bytes"])
+        ax.set_title(coll)
+        ax.set_xlabel("message size (nccl-tests size, bytes on the wire)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    _title(fig, run.metadata, "Bus bandwidth vs message size")
+    return fig
+
+
+def fig_effective(run: RunData) -> Figure | None:
+    """fp32-equivalent effective bandwidth vs fp32 size, crossover sizes marked."""
+    df = _speed_rows(run.results)
+    if df.empty or not _has(df, "effective_gbps") or not _has(df, "fp32_bytes"):
+        return None
+    colls = _collectives(df)
+    fig, axes = _grid(len(colls))
+    cols = series_columns(df)
+    pal = _palette(df, cols)
+    payload = primary_payload(df)
+    cx = run.crossover
+    for ax, coll in zip(axes, colls, strict=True):
+        d = df[df["collective"] == coll]
+        _lines(ax, d, "fp32_bytes", "effective_gbps", cols, palette=pal)
+        _log2_size_axis(ax, d["fp32_bytes"])
+        if not cx.empty and "crossover_bytes" in cx.columns:
+            sel = cx[cx["collective"] == coll]
+            if payload is not None and "payload" in sel.columns:
+                sel = sel[sel["payload"].astype(str) == payload]
+            for _, r in sel.iterrows():
+                b = pd.to_numeric(r["crossover_bytes"], errors="coerce")
+                if pd.notna(b) and b > 0:
+                    ax.axvline(float(b), linestyle=":", color="grey")
+                    ax.annotate(
+                        f"{r['precision']} wins from {human_size(float(b))}",
+                        (float(b), 0.97),
+                        xycoords=("data", "axes fraction"),
+                        rotation=90,
+                        va="top",
+                        ha="right",
+                        fontsize=7,
+                    )
+        ax.set_title(coll)
+        ax.set_xlabel("user tensor size if fp32 (bytes)")
+        ax.set_ylabel("fp32-equivalent GB/s (incl. encode+decode)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    _title(fig, run.metadata, "Effective fp32-equivalent bandwidth (dotted: crossover sizes)")
+    return fig
+
+
+def fig_latency(run: RunData) -> Figure | None:
+    """Latency (time per op) vs message size, log-log, per collective."""
+    df = _speed_rows(run.results)
+    if df.empty or not _has(df, "time_us"):
+        return None
+    colls = _collectives(df)
+    fig, axes = _grid(len(colls))
+    cols = series_columns(df)
+    pal = _palette(df, cols)
+    for ax, coll in zip(axes, colls, strict=True):
+        d = df[df["collective"] == coll]
+        _lines(ax, d, "size_bytes", "time_us", cols, positive=True, palette=pal)
+        _log2_size_axis(ax, d["size_bytes"])
+        _log_y(ax)
+        ax.set_title(coll)
+        ax.set_xlabel("message size (bytes on the wire)")
+        ax.set_ylabel("time per op (us)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    _title(fig, run.metadata, "Latency vs message size")
+    return fig
+
+
+def fig_error(run: RunData) -> Figure | None:
+    """Relative error vs size per precision (log y): rows = collective, columns = payload."""
+    df = run.results
+    if df.empty or not _has(df, "rel_err"):
+        return None
+    colls = _collectives(df)
+    payloads = _order(df["payload"].dropna().unique(), PAYLOAD_ORDER) if "payload" in df.columns else [""]
+    nr, nc = len(colls), len(payloads)
+    fig, axes = plt.subplots(nr, nc, figsize=(4.8 * nc, 3.6 * nr + 0.9), squeeze=False)
+    cols = series_columns(df)
+    pal = _palette(df, cols)
+    size_col = "fp32_bytes" if _has(df, "fp32_bytes") else "size_bytes"
+    for i, coll in enumerate(colls):
+        for j, p in enumerate(payloads):
+            ax = axes[i][j]
+            d = df[df["collective"] == coll]
+            if p:
+                d = d[d["payload"].astype(str) == p]
+            # exact results (error 0) have no place on a log axis; the label says so.
+            _lines(ax, d, size_col, "rel_err", cols, positive=True, palette=pal)
+            _log2_size_axis(ax, d[size_col])
+            _log_y(ax)
+            ax.set_title(f"{coll} / {p}" if p else coll, fontsize=10)
+            ax.set_xlabel("user tensor size if fp32 (bytes)", fontsize=8)
+            ax.set_ylabel("relative error vs fp64 (0 not shown)", fontsize=8)
+            ax.grid(True, which="major", alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+    _title(fig, run.metadata, "Numerical error vs size, per payload distribution")
+    return fig
+
+
+# --------------------------------------------------------------------------- training figures
+
+
+def _fp32_policy(policies: Iterable[str]) -> str | None:
+    ps = [str(p) for p in policies]
+    for p in ps:
+        if p == FP32_PRECISION:
+            return p
+    for p in ps:
+        if FP32_PRECISION in p:
+            return p
+    return None
+
+
+def fig_training_bars(run: RunData) -> Figure | None:
+    """Step time (p50, p95 whisker) and peak memory bars per policy."""
+    t = run.training
+    if t.empty or "policy" not in t.columns:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    pol = t["policy"].astype(str).tolist()
+    x = np.arange(len(pol))
+    if _has(t, "step_time_us_p50"):
+        p50 = pd.to_numeric(t["step_time_us_p50"], errors="coerce").to_numpy() / 1e3
+        err = None
+        if _has(t, "step_time_us_p95"):
+            p95 = pd.to_numeric(t["step_time_us_p95"], errors="coerce").to_numpy() / 1e3
+            err = np.vstack([np.zeros_like(p50), np.clip(p95 - p50, 0, None)])
+        a1.bar(x, p50, yerr=err, capsize=3, color="tab:blue")
+    a1.set_ylabel("step time p50 (ms), whisker to p95")
+    if _has(t, "peak_mem_bytes"):
+        mem = pd.to_numeric(t["peak_mem_bytes"], errors="coerce").to_numpy() / 2**20
+        a2.bar(x, mem, color="tab:orange")
+        kind = t["peak_mem_kind"].iloc[0] if "peak_mem_kind" in t.columns else ""
+        a2.set_ylabel(f"peak memory (MiB) [{kind}]")
+    for ax in (a1, a2):
+        ax.set_xticks(x, [no_math(p) for p in pol], rotation=30, ha="right", fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    _title(fig, run.metadata, "Training: step time and peak memory per policy")
+    return fig
+
+
+def comm_bytes_by_dtype(t: pd.DataFrame) -> pd.DataFrame:
+    """comm_by_op JSON ({"all_reduce:bfloat16": bytes, ...}) -> policy x dtype bytes per step."""
+    rows: list[dict[str, Any]] = []
+    for _, r in t.iterrows():
+        raw = r.get("comm_by_op")
+        try:
+            d = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+        except json.JSONDecodeError:
+            d = {}
+        for key, val in (d or {}).items():
+            dtype = str(key).split(":", 1)[1] if ":" in str(key) else str(key)
+            rows.append({"policy": str(r["policy"]), "dtype": dtype, "bytes": float(val)})
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows).groupby(["policy", "dtype"], sort=False)["bytes"].sum().unstack("dtype")
+    return out.reindex([str(p) for p in t["policy"]]).fillna(0.0)
+
+
+def fig_training_bytes(run: RunData) -> Figure | None:
+    """Communicated bytes per step, stacked by wire dtype, per policy."""
+    t = run.training
+    if t.empty or "comm_by_op" not in t.columns:
+        return None
+    table = comm_bytes_by_dtype(t)
+    if table.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.6))
+    x = np.arange(len(table.index))
+    bottom = np.zeros(len(x))
+    for dtype in table.columns:
+        vals = table[dtype].to_numpy() / 2**20
+        ax.bar(x, vals, bottom=bottom, label=no_math(str(dtype)))
+        bottom += vals
+    if _has(t, "comm_bytes_expected"):
+        exp = pd.to_numeric(t["comm_bytes_expected"], errors="coerce").to_numpy() / 2**20
+        ax.scatter(x, exp, marker="_", s=400, color="black", label="expected (formula)", zorder=3)
+    ax.set_xticks(x, [no_math(p) for p in table.index], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("MiB per step per rank")
+    ax.margins(y=0.08)  # keeps the expected-bytes marker of the tallest bar inside the frame
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    _title(fig, run.metadata, "Training: communicated bytes per step by dtype")
+    return fig
+
+
+def fig_training_curves(run: RunData) -> Figure | None:
+    """Loss and grad-norm vs step per policy, the fp32 reference drawn thick and black."""
+    s = run.training_steps
+    if s.empty or "policy" not in s.columns or "step" not in s.columns:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    ref = _fp32_policy(s["policy"].astype(str).unique())
+    for ax, col in zip(axes, ("loss", "grad_norm"), strict=True):
+        if not _has(s, col):
+            ax.set_visible(False)
+            continue
+        for pol, g in s.groupby(s["policy"].astype(str), sort=False):
+            g = g.sort_values("step")
+            # the reference sits underneath, thick: policies that track it stay visible on top
+            style = {"color": "black", "linewidth": 3.5, "alpha": 0.45, "zorder": 1} if pol == ref else {"zorder": 2}
+            lab = no_math(f"{pol} (reference)" if pol == ref else pol)
+            ax.plot(g["step"], pd.to_numeric(g[col], errors="coerce"), label=lab, **style)
+        ax.set_xlabel("step")
+        ax.set_ylabel(col)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    _title(fig, run.metadata, "Training: loss and grad norm against fp32")
+    return fig
+
+
+# --------------------------------------------------------------------------- crossover + output
+
+
+FIGURES: dict[str, Callable[[RunData], Figure | None]] = {
+    "busbw": fig_busbw,
+    "effective_bw": fig_effective,
+    "latency": fig_latency,
+    "error": fig_error,
+    "training_time_mem": fig_training_bars,
+    "training_bytes": fig_training_bytes,
+    "training_curves": fig_training_curves,
+}
+"""Figure name -> builder; the name is the file stem under plots/ and the report's anchor."""
+
+
+def write_plots(
+    run: RunData, out_dir: Path, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 110
+) -> dict[str, dict[str, Path]]:
+    """Draw every figure the run has data for into out_dir; returns {name: {format: path}}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, dict[str, Path]] = {}
+    for name, build in FIGURES.items():
+        fig = build(run)
+        if fig is None:
+            continue
+        try:
+            paths: dict[str, Path] = {}
+            for fmt in formats:
+                p = out_dir / f"{name}.{fmt}"
+                # no date in svg metadata: rerunning the report on the same run gives the same file.
+                meta = {"Date": None} if fmt == "svg" else {}
+                fig.savefig(p, format=fmt, dpi=dpi, metadata=meta)
+                paths[fmt] = p
+            written[name] = paths
+        finally:
+            plt.close(fig)
+    return written

@@ -1,0 +1,118 @@
+"""Comparing runs: two real small runs, ratio tables against pandas, fairness warnings, bad input."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from commbench import compare
+from commbench.nccl_import import import_nccl_tests
+from commbench.report import fmt
+from tests.conftest_views import fabricate_run, real_run
+
+
+@pytest.fixture(scope="session")
+def real_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return real_run(tmp_path_factory.getbasetemp() / "views")
+
+
+@pytest.fixture(scope="session")
+def real_run_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return real_run(tmp_path_factory.getbasetemp() / "views", name="b")
+
+
+@pytest.mark.timeout(240)
+def test_compare_two_real_runs(real_run_dir: Path, real_run_b: Path, tmp_path: Path) -> None:
+    out = compare.compare_runs([real_run_dir, real_run_b], ["A", "B"], tmp_path)
+    assert {"html", "md", "compare_busbw.png", "compare_busbw.svg", "compare_latency.png"} <= set(out)
+    md = out["md"].read_text()
+    html = out["html"].read_text()
+    assert "commbench comparison: A vs B" in html
+    # same layout, versions and suite on one machine: nothing unfair to warn about
+    assert compare.compare_warnings([real_run_dir, real_run_b], ["A", "B"]) == []
+    assert "## Warnings" not in md
+    # ratio rows against an independent pandas merge of the two results.csv
+    a = pd.read_csv(real_run_dir / "results.csv")
+    b = pd.read_csv(real_run_b / "results.csv")
+    m = a.merge(b, on=["collective", "precision", "size_bytes"], suffixes=("_a", "_b"))
+    assert len(m) == len(a)  # identical grids: every point aligns
+    table = compare.ratio_table(
+        compare.aligned([compare.load_run(real_run_dir), compare.load_run(real_run_b)], ["A", "B"]), ["A", "B"]
+    )
+    assert len(table.rows) == len(m)
+    col_bus = table.columns.index("busbw B/A")
+    col_time = table.columns.index("time B/A")
+    for _, r in m.iterrows():
+        row = next(
+            row
+            for row in table.rows
+            if row[0] == r["collective"] and row[1] == r["precision"] and row[2] == compare.human_size(r["size_bytes"])
+        )
+        assert row[col_bus] == fmt(r["busbw_gbps_b"] / r["busbw_gbps_a"])
+        assert row[col_time] == fmt(r["time_us_b"] / r["time_us_a"])
+    # the summary uses the geometric mean of B/A over the aligned sizes
+    g = m[(m["collective"] == "all_reduce") & (m["precision"] == "fp32")]
+    gm = math.exp(sum(math.log(x) for x in g["busbw_gbps_b"] / g["busbw_gbps_a"]) / len(g))
+    line = next(ln for ln in md.splitlines() if ln.startswith(f"| all_reduce | fp32 | {len(g)} | "))
+    assert float(line.split(" | ")[3]) == pytest.approx(gm, rel=1e-3)  # 4 significant digits shown
+
+
+def test_warnings_for_unfair_comparisons(tmp_path: Path) -> None:
+    a = fabricate_run(tmp_path / "a", training=False, meta_extra={"nccl_version": "2.21.5"})
+    b = fabricate_run(
+        tmp_path / "b",
+        training=False,
+        world=4,
+        meta_extra={"torch_version": "2.99", "nccl_version": "2.27.3", "suite": {"name": "other"}},
+    )
+    warns = compare.compare_warnings([a, b])
+    text = "\n".join(warns)
+    for key in ("world_size (a=2, b=4)", "torch_version", "nccl_version (a=2.21.5, b=2.27.3)", "suite"):
+        assert key in text
+    assert "backend" not in text  # what is equal is not reported
+    # unknown is not different: a run without NCCL (None) against one with it is no warning
+    c = fabricate_run(tmp_path / "c", training=False, meta_extra={"nccl_version": None})
+    assert not any("nccl_version" in w for w in compare.compare_warnings([a, c]))
+    out = compare.compare_runs([a, b], None, tmp_path / "out")
+    md = out["md"].read_text()
+    assert "## Warnings" in md and "world\\_size" not in md and "world_size (a=2, b=4)" in md
+
+
+def test_compare_with_imported_nccl_tests(tmp_path: Path) -> None:
+    a = fabricate_run(
+        tmp_path / "a",
+        training=False,
+        collectives=("all_reduce",),
+        precisions=("fp32",),
+        sizes=(1024, 4096, 16384, 65536),
+    )
+    b = import_nccl_tests(Path(__file__).parent / "data" / "nccl_all_reduce_float.txt", tmp_path / "b")
+    warns = "\n".join(compare.compare_warnings([a, b], ["cpu", "h100"]))
+    assert "backend (cpu=gloo, h100=nccl)" in warns and "imported from nccl-tests" in warns
+    out = compare.compare_runs([a, b], ["cpu", "h100"], tmp_path / "out")
+    # the four fp32 all_reduce sizes align (the import's in/out-of-place rows enter as their median)
+    rows = [ln for ln in out["md"].read_text().splitlines() if ln.startswith("| all_reduce | fp32 | ")]
+    assert len(rows) == 1 + 4  # summary row + 4 aligned points
+
+
+def test_bad_input(tmp_path: Path) -> None:
+    a = fabricate_run(tmp_path / "a", training=False)
+    with pytest.raises(ValueError, match="at least 2 run directories"):
+        compare.compare_runs([a], None, tmp_path / "o")
+    with pytest.raises(ValueError, match="1 label\\(s\\) for 2 run"):
+        compare.compare_runs([a, a], ["x"], tmp_path / "o")
+    with pytest.raises(ValueError, match="distinct"):
+        compare.compare_runs([a, a], ["x", "x"], tmp_path / "o")
+    with pytest.raises(ValueError, match="does not exist"):
+        compare.compare_runs([a, tmp_path / "missing"], None, tmp_path / "o")
+
+
+def test_no_common_points_is_warned(tmp_path: Path) -> None:
+    a = fabricate_run(tmp_path / "a", training=False, collectives=("all_reduce",))
+    b = fabricate_run(tmp_path / "b", training=False, collectives=("all_gather",))
+    assert any("no (collective, precision, size) point in common" in w for w in compare.compare_warnings([a, b]))
+    out = compare.compare_runs([a, b], None, tmp_path / "o")
+    assert not any(k.endswith(".png") for k in out)
