@@ -307,7 +307,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             try:
                 writer = RunWriter(Path(out), resume=args.resume is not None)
                 if args.resume is None:
-                    writer.write_metadata(run_metadata(suite, d, sys.argv, start))
+                    writer.write_metadata(run_metadata(suite, d, ["python", "-m", "commbench", *sys.argv[1:]], start))
             except ValueError as e:
                 problem = str(e)
         verdict: list[Any] = [problem]

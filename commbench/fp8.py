@@ -34,17 +34,31 @@ A reduction of ``c`` contributions then errs by at most ``rel * abs_sum + c * fl
 ``rel * (abs_sum + e1) + floor'`` on top of the first-stage error ``e1``. With ``none`` scaling the floor uses
 scale 1 and saturated values are *not* covered: they count as wrong, which is the point of that mode.
 
-Speed: torch's CPU e4m3 -> float32 cast is slow, and a scale multiply is a separate pass. When a C compiler is
-available, the codec builds a tiny OpenMP kernel on first use (cached under ``~/.cache/commbench``) that fuses
-amax, scale and round-to-nearest-even cast in one pass and decodes through a scaled 256-entry table; set
-``COMMBENCH_FP8_KERNEL=0`` to force the pure-torch path. Both paths are tested bit-exact against torch's casts.
+Speed: torch's CPU e4m3 -> float32 cast is about 20x slower than bf16's, and a scale multiply is one more pass
+over memory. When a C compiler is available, the codec builds a small C kernel on first use (``cc -O3
+-march=native -fopenmp``, cached under ``$XDG_CACHE_HOME/commbench`` or ``~/.cache/commbench``, loaded with
+ctypes; OpenMP resolves to torch's own libgomp, and it uses ``torch.get_num_threads()`` threads above 256K
+elements). Encode is branch-free vectorised round-to-nearest-even on the float32 bits (tensor scaling: one amax
+pass + one encode pass; block scaling: one pass, each block's amax taken while it is in cache); decode rebuilds
+the float32 bits arithmetically and multiplies by the scale in the same pass (``accumulate=True`` adds instead,
+which the reduce-scatter uses to sum in fp32 without a temporary). If the build fails, or with
+``COMMBENCH_FP8_KERNEL=0``, the pure-torch path runs; :func:`kernel_status` says which. Both paths are tested
+bit-exact against torch's casts (and against each other on random bit patterns).
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -141,7 +155,8 @@ def error_bound(
     for _ in range(quantisations - 1):
         # The re-encoded value is the partial sum, whose magnitude is at most abs_sum + err.
         mag = abs_sum + err
-        floor2 = f.sub_step * (1.0 if scaling == "none" else scale_bound(fmt, big * (1 + f.rel_step) + floor1))
+        top = float(mag.max()) if mag.numel() else 0.0
+        floor2 = f.sub_step * (1.0 if scaling == "none" else scale_bound(fmt, top if math.isfinite(top) else 0.0))
         err = err + f.rel_step * mag + floor2 + 2.0**-23 * mag
     return err
 
@@ -290,7 +305,7 @@ def quantize(
 
 
 def _offset(view: torch.Tensor, base: torch.Tensor) -> int:
-    return view.storage_offset() - base.storage_offset()
+    return int(view.storage_offset()) - int(base.storage_offset())
 
 
 def _fix_nonfinite(x: torch.Tensor, q: torch.Tensor, f: Fp8Format) -> None:
@@ -399,33 +414,39 @@ static inline uint8_t NAME(float f) {                                           
 ENC(enc_e4m3, 3, 121, 7, 141, 0x7Eu, 0x7Fu)
 ENC(enc_e5m2, 2, 113, 15, 134, 0x7Bu, 0x7Cu)
 
-/* max |x| over finite values; *nonfinite set when any element is inf or NaN. */
+/* max |x| over finite values; *nonfinite set when any element is inf or NaN. The magnitudes' bit patterns
+   order like the values (and inf/NaN sort above every finite one), so an integer max vectorises. */
 static float amax_range(const float* x, int64_t n, int* nonfinite) {
-    float m = 0.0f;
-    int bad = 0;
+    const uint32_t* u = (const uint32_t*)x;
+    uint32_t m = 0;
     for (int64_t i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        int fin = a <= FLT_MAX;
-        bad |= !fin;
-        a = fin ? a : 0.0f;
+        uint32_t a = u[i] & 0x7FFFFFFFu;
         m = a > m ? a : m;
     }
-    if (bad) *nonfinite = 1;
-    return m;
+    if (m < 0x7F800000u) return u2f(m);
+    *nonfinite = 1;
+    m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t a = u[i] & 0x7FFFFFFFu;
+        a = a < 0x7F800000u ? a : 0u;
+        m = a > m ? a : m;
+    }
+    return u2f(m);
 }
 
-/* Power-of-two scale exponent: smallest k with amax / 2^k <= fmax, clamped to [-126, 127]; 0 for amax 0. */
-static int scale_exp(float amax, float fmax) {
-    if (!(amax > 0.0f)) return 0;
-    int e;
-    frexpf(amax / fmax, &e);
-    int k = e - 1;
-    while (ldexpf(amax, -k) > fmax) k++;
-    while (k > -126 && ldexpf(amax, -(k - 1)) <= fmax) k--;
-    if (k < -126) k = -126;
-    if (k > 127) k = 127;
-    return k;
+/* Power-of-two scale exponent: smallest k with amax / 2^k <= fmax, clamped to [-126, 127]; 0 for amax 0.
+   fmax = 1.75 * 2^emax for both formats, so with amax = m * 2^e (1 <= m < 2): k = e - emax, plus 1 when
+   m > 1.75 (mantissa bits above 0x600000). Subnormal amax is below 2^-126 * fmax: clamped to -126. */
+static inline int scale_exp(float amax, int emax) {
+    uint32_t b = f2u(amax);
+    if (b == 0) return 0;
+    int e = (int)(b >> 23) - 127;
+    if (e == -127) return -126;
+    int k = e - emax + ((b & 0x7FFFFFu) > 0x600000u ? 1 : 0);
+    return k < -126 ? -126 : (k > 127 ? 127 : k);
 }
+
+static inline float pow2(int k) { return u2f((uint32_t)(k + 127) << 23); }  /* -126 <= k <= 127 */
 
 static void encode_range(const float* x, uint8_t* q, int64_t n, float inv, int fmt) {
     if (fmt == 0) {
@@ -438,7 +459,7 @@ static void encode_range(const float* x, uint8_t* q, int64_t n, float inv, int f
 /* mode 0 tensor, 1 block, 2 none. Returns 1 when any input was non-finite. */
 int cb_fp8_quantize(const float* x, uint8_t* q, float* scales, int64_t n, int64_t block, int fmt, int mode,
                     int nthreads) {
-    float fmax = fmt == 0 ? 448.0f : 57344.0f;
+    int emax = fmt == 0 ? 8 : 15;
     int nonfinite = 0;
     if (mode == 2) {
         scales[0] = 1.0f;
@@ -459,9 +480,9 @@ int cb_fp8_quantize(const float* x, uint8_t* q, float* scales, int64_t n, int64_
             nonfinite |= nf;
             m = a > m ? a : m;
         }
-        int k = scale_exp(m, fmax);
-        scales[0] = ldexpf(1.0f, k);
-        float inv = ldexpf(1.0f, -k);
+        int k = scale_exp(m, emax);
+        scales[0] = pow2(k);
+        float inv = pow2(-k);
         #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t c = 0; c < n; c += 65536) {
             int64_t len = n - c < 65536 ? n - c : 65536;
@@ -475,34 +496,66 @@ int cb_fp8_quantize(const float* x, uint8_t* q, float* scales, int64_t n, int64_
         int64_t s = b * block;
         int64_t len = n - s < block ? n - s : block;
         int nf = 0;
-        int k = scale_exp(amax_range(x + s, len, &nf), fmax);
+        int k = scale_exp(amax_range(x + s, len, &nf), emax);
         nonfinite |= nf;
-        scales[b] = ldexpf(1.0f, k);
-        encode_range(x + s, q + s, len, ldexpf(1.0f, -k), fmt);
+        scales[b] = pow2(k);
+        encode_range(x + s, q + s, len, pow2(-k), fmt);
     }
     return nonfinite;
 }
 
-/* out[i] (+)= lut[q[i]] * scale of i's block (block = n for one scale). */
-void cb_fp8_dequantize(const uint8_t* q, const float* scales, const float* lut, float* out, int64_t n,
-                       int64_t block, int accumulate, int nthreads) {
+/* fp8 code -> float32 by bit arithmetic (vectorises; a table gather does not): normals re-bias the exponent,
+   subnormals are mantissa * step, specials map to inf/NaN. */
+static inline float dec_e4m3(uint32_t c) {
+    uint32_t sign = (c & 0x80u) << 24, mag = c & 0x7Fu;
+    uint32_t nb = (mag << 20) + ((uint32_t)(127 - 7) << 23);
+    uint32_t sb = f2u((float)(int)(mag & 7u) * 0x1p-9f);
+    uint32_t sub = 0u - (uint32_t)(mag < 8u);
+    uint32_t r = (sb & sub) | (nb & ~sub);
+    uint32_t nan = 0u - (uint32_t)(mag == 0x7Fu);
+    r = (r & ~nan) | (0x7FC00000u & nan);
+    return u2f(r | sign);
+}
+
+static inline float dec_e5m2(uint32_t c) {
+    uint32_t sign = (c & 0x80u) << 24, mag = c & 0x7Fu;
+    uint32_t nb = (mag << 21) + ((uint32_t)(127 - 15) << 23);
+    uint32_t sb = f2u((float)(int)(mag & 3u) * 0x1p-16f);
+    uint32_t sub = 0u - (uint32_t)(mag < 4u);
+    uint32_t r = (sb & sub) | (nb & ~sub);
+    uint32_t spec = 0u - (uint32_t)(mag >= 0x7Cu);
+    r = (r & ~spec) | ((0x7F800000u | ((mag & 3u) << 21)) & spec);
+    return u2f(r | sign);
+}
+
+static void decode_range(const uint8_t* __restrict q, float* __restrict o, int64_t n, float sc, int fmt, int acc) {
+    if (fmt == 0) {
+        if (acc) for (int64_t i = 0; i < n; i++) o[i] += dec_e4m3(q[i]) * sc;
+        else for (int64_t i = 0; i < n; i++) o[i] = dec_e4m3(q[i]) * sc;
+    } else {
+        if (acc) for (int64_t i = 0; i < n; i++) o[i] += dec_e5m2(q[i]) * sc;
+        else for (int64_t i = 0; i < n; i++) o[i] = dec_e5m2(q[i]) * sc;
+    }
+}
+
+/* out[i] (+)= fp8(q[i]) * scale of i's block (block = n for one scale). */
+void cb_fp8_dequantize(const uint8_t* q, const float* scales, float* out, int64_t n, int64_t block, int fmt,
+                       int accumulate, int nthreads) {
     int64_t nb = (n + block - 1) / block;
-    int64_t step = block >= 4096 ? 1 : 4096 / block;  /* blocks per task, so tiny blocks are not one task each */
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t b0 = 0; b0 < nb; b0 += step) {
-        int64_t b1 = b0 + step < nb ? b0 + step : nb;
-        for (int64_t b = b0; b < b1; b++) {
-            int64_t s = b * block;
-            int64_t len = n - s < block ? n - s : block;
-            float sc = scales[b];
-            const uint8_t* qq = q + s;
-            float* o = out + s;
-            if (accumulate) {
-                for (int64_t i = 0; i < len; i++) o[i] += lut[qq[i]] * sc;
-            } else {
-                for (int64_t i = 0; i < len; i++) o[i] = lut[qq[i]] * sc;
-            }
+    if (nb == 1) {
+        float sc = scales[0];
+        #pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t c = 0; c < n; c += 65536) {
+            int64_t len = n - c < 65536 ? n - c : 65536;
+            decode_range(q + c, out + c, len, sc, fmt, accumulate);
         }
+        return;
+    }
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = b * block;
+        int64_t len = n - s < block ? n - s : block;
+        decode_range(q + s, out + s, len, scales[b], fmt, accumulate);
     }
 }
 """
@@ -511,34 +564,63 @@ void cb_fp8_dequantize(const uint8_t* q, const float* scales, const float* lut, 
 class _NoKernel:
     """Stand-in when the C kernel is disabled or could not be built."""
 
+    error: str | None = "disabled"
+
     def available(self, device: torch.device) -> bool:
         return False
 
-    def quantize(self, *args: object) -> None:  # pragma: no cover - never called when unavailable
+    def quantize(
+        self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, f: Fp8Format, scaling: str, block: int
+    ) -> None:
         raise RuntimeError("fp8 kernel unavailable")
 
-    def dequantize(self, *args: object) -> None:  # pragma: no cover
+    def dequantize(
+        self,
+        q: torch.Tensor,
+        scales: torch.Tensor,
+        out: torch.Tensor,
+        f: Fp8Format,
+        scaling: str,
+        block: int,
+        accumulate: bool,
+    ) -> None:
         raise RuntimeError("fp8 kernel unavailable")
+
+
+_PARALLEL_MIN = 1 << 18
+"""Elements below which the kernel stays on the calling thread: waking an OpenMP team costs more than it saves
+(and on a loaded machine can cost a scheduler tick)."""
+
+
+def _threads(n: int) -> int:
+    return torch.get_num_threads() if n >= _PARALLEL_MIN else 1
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on (model and flags; not the ever-changing MHz line)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.machine()
+    keep = [
+        ln
+        for ln in text.split("\n\n")[0].splitlines()
+        if ln.split(":")[0].strip() in ("model name", "flags", "Features")
+    ]
+    return platform.machine() + "\n".join(keep)
 
 
 class _CKernel(_NoKernel):
     """ctypes binding of :data:`_C_SOURCE`; built lazily, CPU tensors only."""
 
+    _MODES = {"tensor": 0, "block": 1, "none": 2}
+
     def __init__(self) -> None:
-        self._lib: object | None = None
+        self._lib: ctypes.CDLL | None = None
         self._tried = False
-        self.error: str | None = None
-        self._modes = {"tensor": 0, "block": 1, "none": 2}
+        self.error = None
 
-    def _load(self) -> object | None:
-        import ctypes
-        import hashlib
-        import os
-        import shutil
-        import subprocess
-        import tempfile
-        from pathlib import Path
-
+    def _load(self) -> ctypes.CDLL | None:
         self._tried = True
         if os.environ.get("COMMBENCH_FP8_KERNEL", "1") == "0":
             self.error = "disabled by COMMBENCH_FP8_KERNEL=0"
@@ -547,12 +629,8 @@ class _CKernel(_NoKernel):
         if cc is None:
             self.error = "no C compiler found"
             return None
-        flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math"]
-        try:
-            cpu = Path("/proc/cpuinfo").read_text(errors="replace").split("\n\n")[0]
-        except OSError:
-            cpu = ""
-        key = hashlib.sha256("\0".join([_C_SOURCE, cc, *flags, cpu]).encode()).hexdigest()[:16]
+        flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off"]
+        key = hashlib.sha256("\0".join([_C_SOURCE, cc, *flags, _cpu_signature()]).encode()).hexdigest()[:16]
         cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commbench"
         so = cache / f"fp8_{key}.so"
         try:
@@ -562,9 +640,8 @@ class _CKernel(_NoKernel):
                     src = Path(tmp) / "fp8.c"
                     src.write_text(_C_SOURCE)
                     built = Path(tmp) / "fp8.so"
-                    subprocess.run(
-                        [cc, *flags, str(src), "-o", str(built), "-lm"], check=True, capture_output=True, timeout=120
-                    )
+                    cmd = [cc, *flags, str(src), "-o", str(built), "-lm"]
+                    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
                     # Atomic publish: concurrent ranks may build at the same time.
                     part = cache / f".{so.name}.{os.getpid()}"
                     shutil.copyfile(built, part)
@@ -573,10 +650,10 @@ class _CKernel(_NoKernel):
         except (OSError, subprocess.SubprocessError) as e:
             self.error = f"could not build the fp8 kernel: {e}"
             return None
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.cb_fp8_quantize.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.cb_fp8_quantize.restype = ctypes.c_int
-        lib.cb_fp8_dequantize.argtypes = [ptr, ptr, ptr, ptr, i64, i64, ctypes.c_int, ctypes.c_int]
+        i64, ptr, cint = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+        lib.cb_fp8_quantize.argtypes = [ptr, ptr, ptr, i64, i64, cint, cint, cint]
+        lib.cb_fp8_quantize.restype = cint
+        lib.cb_fp8_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, cint, cint, cint]
         lib.cb_fp8_dequantize.restype = None
         return lib
 
@@ -589,21 +666,21 @@ class _CKernel(_NoKernel):
 
     def quantize(
         self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, f: Fp8Format, scaling: str, block: int
-    ) -> None:  # type: ignore[override]
+    ) -> None:
+        assert self._lib is not None  # callers check available() first
         n = x.numel()
-        lib = self._lib
-        lib.cb_fp8_quantize(  # type: ignore[attr-defined]
+        self._lib.cb_fp8_quantize(
             x.data_ptr(),
             q.data_ptr(),
             scales.data_ptr(),
             n,
             block if scaling == "block" else max(n, 1),
             0 if f.name == "e4m3" else 1,
-            self._modes[scaling],
-            torch.get_num_threads(),
+            self._MODES[scaling],
+            _threads(n),
         )
 
-    def dequantize(  # type: ignore[override]
+    def dequantize(
         self,
         q: torch.Tensor,
         scales: torch.Tensor,
@@ -613,17 +690,17 @@ class _CKernel(_NoKernel):
         block: int,
         accumulate: bool,
     ) -> None:
+        assert self._lib is not None
         n = q.numel()
-        lut = _lut(f.name, q.device)
-        self._lib.cb_fp8_dequantize(  # type: ignore[union-attr, attr-defined]
+        self._lib.cb_fp8_dequantize(
             q.data_ptr(),
             scales.data_ptr(),
-            lut.data_ptr(),
             out.data_ptr(),
             n,
             block if scaling == "block" else max(n, 1),
+            0 if f.name == "e4m3" else 1,
             int(accumulate),
-            torch.get_num_threads(),
+            _threads(n),
         )
 
 
@@ -632,10 +709,9 @@ _kernel: _NoKernel = _CKernel()
 
 def kernel_status() -> str:
     """Which codec path runs on CPU: ``"c"`` (fused kernel) or ``"torch (<reason>)"``."""
-    k = _kernel
-    if k.available(torch.device("cpu")):
+    if _kernel.available(torch.device("cpu")):
         return "c"
-    return f"torch ({getattr(k, 'error', 'unavailable')})"
+    return f"torch ({_kernel.error})"
 
 
 def use_kernel(enabled: bool) -> None:
