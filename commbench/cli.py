@@ -27,7 +27,7 @@ class CLIError(ValueError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's default exits itself; we want one line and code 2
-        raise CLIError(f"{self.prog}: {message}")
+        raise CLIError(f"{message} (see `{self.prog} --help`)")
 
 
 def _csv_list(text: str) -> list[str]:
@@ -111,12 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `python -m commbench [run flags]` is `run` on the default suite, like a bare nccl-tests binary.
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["run", *argv]
     try:
-        args = build_parser().parse_args(argv or ["run"])
-        if args.command in (None, "run"):
-            if args.command is None:
-                args = build_parser().parse_args(["run", *argv])
-            return cmd_run(args, argv if argv and argv[0] == "run" else ["run", *argv])
+        args = build_parser().parse_args(argv)
+        if args.command == "run":
+            return cmd_run(args, argv)
+        if args.command is None:
+            raise CLIError("no command given; valid commands: run, list, report, compare, import")
         if args.command == "list":
             return cmd_list()
         if args.command == "report":
