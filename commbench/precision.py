@@ -6,8 +6,8 @@ Every point op follows the same protocol so the sweep never special-cases a prec
 
     op.load(x)   # copy the user's per-rank input (``precision.input_dtype``) into the op's buffers
     op.encode()  # user tensor -> wire buffers (cast / quantise); a no-op for native dtypes
-    op.comm()    # the communication (for composite FP8 algorithms: including their local reduction)
-    op.decode()  # wire output -> user-visible result
+    op.comm()    # the communication (fp8 all_reduce: including its middle decode-sum-re-encode step)
+    op.decode()  # wire output -> user-visible result (fp8 reduce_scatter: the local fp32 sum)
     op.result()  # the decoded output tensor (compared against the float64 reference)
 
 Each phase is repeatable so the timing core can run it k times back to back.

@@ -155,3 +155,12 @@ def test_crossover_rule() -> None:
     out = {r["precision"]: r for r in crossover(pd.DataFrame(rows))}
     assert out["bf16"]["crossover_bytes"] == 8  # wins at 2 but loses again at 4: the crossover is where it stays ahead
     assert math.isnan(out["fp16"]["crossover_bytes"]) and out["fp16"]["note"] == "never in range"
+
+
+def test_every_shipped_suite_is_valid() -> None:
+    from pathlib import Path
+
+    suites = sorted((Path(__file__).resolve().parent.parent / "suites").glob("*.toml"))
+    assert suites
+    for path in suites:
+        load_suite(str(path))  # raises ValueError naming the problem
