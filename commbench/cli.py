@@ -400,25 +400,27 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
 
 
 def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
+    import torch.distributed as dist
+
     from commbench.training import run_training
 
     assert suite.training is not None
+    # --resume: rank 0 knows which policies finished; every rank must skip the same ones.
+    done: list[Any] = [sorted(writer.done_policies()) if writer is not None else None]
+    dist.broadcast_object_list(done, src=0)
 
-    def done(summary: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
+    def on_done(summary: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
         if writer is not None:
             writer.add("training", summary)
             writer.add("training_steps", steps)
             for row in summary:
                 print(
                     f"# training {row.get('policy'):<24} step p50 {row.get('step_time_us_p50', float('nan')) / 1e3:8.2f} ms"
-                    f"  comm/step {row.get('comm_bytes_per_step', 0):>12,} B  final-loss drift {row.get('final_loss_drift', float('nan')):.3g}"
+                    f"  comm/step {row.get('comm_bytes_per_step', 0):>12,.0f} B  final-loss drift {row.get('final_loss_drift', float('nan')):.3g}"
                     + (f"  WARN {row['warnings']}" if row.get("warnings") else "")
                 )
 
-    run_training(suite.training, device=d.device, on_policy_done=done)
-
-
-# ----------------------------------------------------------------------------------------------- views
+    run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]))
 
 
 def cmd_list() -> int:

@@ -282,6 +282,18 @@ def training_gain_table(t: pd.DataFrame) -> Table | None:
     return frame_table("training-gain", "Training: gain and cost of each policy vs fp32", t[cols])
 
 
+def training_bf16_fp16_table(t: pd.DataFrame) -> Table | None:
+    """BF16 against FP16 policies side by side (pairs that differ only in the 16-bit format)."""
+    if t.empty or "policy" not in t.columns:
+        return None
+    from commbench.training.tables import bf16_vs_fp16
+
+    pairs = bf16_vs_fp16(t)
+    if pairs.empty:
+        return None
+    return frame_table("training-bf16-fp16", "Training: BF16 against FP16, side by side", pairs)
+
+
 def pitfalls(run: RunData) -> list[str]:
     """Plain-language problems found in the run: wrong results, large errors, noisy or skewed timings,
     compression that never pays, and the training section's own warnings."""
@@ -408,6 +420,7 @@ def build_tables(run: RunData) -> dict[str, list[Table]]:
             crossover_table(run),
             gain_table(df),
             training_gain_table(run.training),
+            training_bf16_fp16_table(run.training),
         )
         if t is not None
     ]

@@ -210,7 +210,10 @@ def load(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
 
 def load_training(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     """Training summary (one row per policy); empty frame if the run had no training section."""
-    return _load_table(run_dir, "training", None)
+    df = _load_table(run_dir, "training", None)
+    if "warnings" in df.columns:  # an empty string reads back from CSV as NaN
+        df["warnings"] = [w if isinstance(w, str) else "" for w in df["warnings"]]
+    return df
 
 
 def load_training_steps(run_dir: str | os.PathLike[str]) -> pd.DataFrame:

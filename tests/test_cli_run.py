@@ -150,7 +150,7 @@ BAD_INPUTS = [
     (["run", "-b", "64K", "-e", "1K"], "minimum size 64K is larger than maximum size 1K"),
     (["run", "--nproc", "0"], "--nproc must be >= 1"),
     (["run", "--backend", "mpi"], "invalid choice: 'mpi'"),
-    (["run", "no-such-suite"], "unknown suite 'no-such-suite'; known suites: quick"),
+    (["run", "no-such-suite"], "unknown suite 'no-such-suite'; known suites: full, quick"),
     (["run", "--resume", "nowhere"], "run directory 'nowhere' does not exist"),
     (["report", "nowhere"], "run directory 'nowhere' does not exist"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),

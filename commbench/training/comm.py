@@ -1,0 +1,250 @@
+"""Byte accounting for training steps: intercepts the c10d collectives and sums bytes per op and dtype.
+
+`CommCounter` replaces the collective functions in the `torch.distributed` namespace while it is
+active. DDP comm hooks, FSDP1 (`_flat_param`, `_runtime_utils`), FSDP2 (`_fsdp_collectives`) and
+`ZeroRedundancyOptimizer` all call them as `dist.<op>(...)`, so each call is seen once, with its real
+tensors. Calls made *inside* `distributed_c10d` (e.g. `all_gather_into_tensor` forwarding to
+`all_gather_single`) resolve the module's own globals and are not seen twice; a re-entrancy depth
+guards the rest.
+
+Sizes follow nccl-tests (all_reduce: buffer; all_gather: total output; reduce_scatter: total input;
+all_to_all: per-rank buffer; broadcast: buffer) and are turned into per-rank "bus bytes" with the
+nccl-tests bus factors (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n;
+broadcast 1): the bytes a rank sends with the ring algorithm. That is the figure the issue's
+formulas give (DDP: 2(n-1)/n * Psi * bytes/element).
+
+Gloo implements `reduce_scatter_tensor` as an all_reduce of the whole input followed by a local
+copy, so on gloo the real wire bytes of a reduce_scatter are 2(n-1)/n * input, not (n-1)/n * input.
+`wire_bytes()` reports that backend-specific figure next to the nominal one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# nccl-tests type names, so rows read like nccl-tests output.
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float",
+    torch.float16: "half",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "double",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.bool: "bool",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """nccl-tests type name of a torch dtype (falls back to torch's own name)."""
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor: bytes a rank sends per byte of nccl-tests `size`."""
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}; valid: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    if hasattr(t, "_local_tensor"):  # a DTensor handed to a collective: its local shard moves
+        t = t._local_tensor
+    return int(t.numel() * t.element_size())
+
+
+def _group_size(group: Any) -> int:
+    return int(dist.get_world_size(group))
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        out: list[torch.Tensor] = []
+        for item in x:
+            out.extend(_tensors(item))
+        return out
+    return []
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, *names: str) -> Any:
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    return args[index] if len(args) > index else None
+
+
+# A size function reads a call's arguments and returns ([(nccl-tests size in bytes, dtype), ...], group);
+# list-taking ops may mix dtypes (DDP broadcasts float and int64 buffers together).
+_Sizes = tuple[list[tuple[int, torch.dtype]], Any]
+_SizeFn = Callable[[tuple[Any, ...], dict[str, Any]], _Sizes]
+
+
+def _by_dtype(ts: list[torch.Tensor]) -> list[tuple[int, torch.dtype]]:
+    acc: dict[torch.dtype, int] = {}
+    for t in ts:
+        acc[t.dtype] = acc.get(t.dtype, 0) + _nbytes(t)
+    return [(v, k) for k, v in acc.items()]
+
+
+def _single(index: int, names: tuple[str, ...], group_index: int) -> _SizeFn:
+    """Size = the one tensor at `index` (the output for all_gather, the input for reduce_scatter)."""
+
+    def size(a: tuple[Any, ...], k: dict[str, Any]) -> _Sizes:
+        return _by_dtype(_tensors(_arg(a, k, index, *names))[:1]), _arg(a, k, group_index, "group")
+
+    return size
+
+
+def _listed(index: int, names: tuple[str, ...], group_index: int) -> _SizeFn:
+    """Size = all tensors of the list at `index`, summed per dtype."""
+
+    def size(a: tuple[Any, ...], k: dict[str, Any]) -> _Sizes:
+        return _by_dtype(_tensors(_arg(a, k, index, *names))), _arg(a, k, group_index, "group")
+
+    return size
+
+
+def _broadcast_coalesced(a: tuple[Any, ...], k: dict[str, Any]) -> _Sizes:
+    # dist._broadcast_coalesced(process_group, tensors, buffer_size, src): DDP's parameter/buffer sync
+    return _by_dtype(_tensors(a[1] if len(a) > 1 else [])), (a[0] if a else None)
+
+
+_PATCHES: dict[str, tuple[str, _SizeFn]] = {
+    "all_reduce": ("all_reduce", _single(0, ("tensor",), 2)),
+    "all_reduce_coalesced": ("all_reduce", _listed(0, ("tensors",), 2)),
+    # all_gather: nccl-tests size is the total output
+    "all_gather_single": ("all_gather", _single(0, ("output_tensor",), 2)),
+    "all_gather_into_tensor": ("all_gather", _single(0, ("output_tensor",), 2)),
+    "_all_gather_base": ("all_gather", _single(0, ("output_tensor",), 2)),
+    "all_gather": ("all_gather", _listed(0, ("tensor_list",), 2)),
+    # reduce_scatter: nccl-tests size is the total input
+    "reduce_scatter_single": ("reduce_scatter", _single(1, ("input",), 3)),
+    "reduce_scatter_tensor": ("reduce_scatter", _single(1, ("input",), 3)),
+    "_reduce_scatter_base": ("reduce_scatter", _single(1, ("input",), 3)),
+    "reduce_scatter": ("reduce_scatter", _listed(1, ("input_list",), 3)),
+    # all_to_all: the per-rank buffer
+    "all_to_all_single": ("all_to_all", _single(1, ("input",), 4)),
+    "all_to_all": ("all_to_all", _listed(1, ("input_tensor_list",), 2)),
+    "broadcast": ("broadcast", _single(0, ("tensor",), 2)),
+    "_broadcast_coalesced": ("broadcast", _broadcast_coalesced),
+}
+
+
+class CommCounter:
+    """Counts the collectives issued while active (`with counter:`), per "op:dtype".
+
+    `paused()` stops counting for instrumentation traffic of our own (e.g. all-reducing the loss).
+    Only one counter may be installed at a time; nesting raises.
+    """
+
+    _installed: CommCounter | None = None
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = defaultdict(int)
+        self.size_bytes: dict[str, int] = defaultdict(int)  # nccl-tests size, summed
+        self.bus_bytes: dict[str, float] = defaultdict(float)  # per-rank ring bytes (size x bus factor)
+        self._originals: dict[str, Any] = {}
+        self._local = threading.local()
+        self._enabled = True
+
+    # -- install / uninstall -------------------------------------------------------------------
+    def __enter__(self) -> CommCounter:
+        if CommCounter._installed is not None:
+            raise RuntimeError("a CommCounter is already installed")
+        for name, (op, size_fn) in _PATCHES.items():
+            orig = getattr(dist, name, None)
+            if orig is None:
+                continue
+            self._originals[name] = orig
+            setattr(dist, name, self._wrap(orig, op, size_fn))
+        CommCounter._installed = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, orig in self._originals.items():
+            setattr(dist, name, orig)
+        self._originals.clear()
+        CommCounter._installed = None
+
+    def _wrap(self, orig: Callable[..., Any], op: str, size_fn: _SizeFn) -> Callable[..., Any]:
+        local = self._local
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(local, "depth", 0)
+            if depth == 0 and self._enabled:
+                self._record(op, size_fn, args, kwargs)
+            local.depth = depth + 1
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                local.depth = depth
+
+        counted.__wrapped__ = orig  # type: ignore[attr-defined]
+        counted.__name__ = getattr(orig, "__name__", op)
+        return counted
+
+    def _record(self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        sizes, group = size_fn(args, kwargs)
+        factor = bus_factor(op, _group_size(group))
+        for size, dtype in sizes:
+            key = f"{op}:{dtype_name(dtype)}"
+            self.calls[key] += 1
+            self.size_bytes[key] += size
+            self.bus_bytes[key] += size * factor
+
+    # -- control -------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything counted so far."""
+        self.calls.clear()
+        self.size_bytes.clear()
+        self.bus_bytes.clear()
+
+    def paused(self) -> _Paused:
+        """Context manager: collectives issued inside are not counted."""
+        return _Paused(self)
+
+    def snapshot(self) -> dict[str, float]:
+        """Per "op:dtype" bus bytes counted so far (a copy)."""
+        return dict(self.bus_bytes)
+
+    def total(self) -> float:
+        """All bus bytes counted so far."""
+        return float(sum(self.bus_bytes.values()))
+
+    def wire_bytes(self, backend: str, n: int) -> float:
+        """Bytes a rank really sends on `backend`: gloo's reduce_scatter is an all_reduce of the input."""
+        total = 0.0
+        for key, size in self.size_bytes.items():
+            op = key.split(":", 1)[0]
+            if backend == "gloo" and op == "reduce_scatter":
+                op = "all_reduce"
+            total += size * bus_factor(op, n)
+        return total
+
+
+class _Paused:
+    def __init__(self, counter: CommCounter) -> None:
+        self.counter = counter
+        self.prev = True
+
+    def __enter__(self) -> None:
+        self.prev = self.counter._enabled
+        self.counter._enabled = False
+
+    def __exit__(self, *exc: object) -> None:
+        self.counter._enabled = self.prev

@@ -1,0 +1,71 @@
+"""Pitfall detectors: turn what a policy's steps measured into the warnings carried by `training.csv`.
+
+Pure functions over measurements (no torch.distributed), so each detector is tested on its own:
+- fp16 without loss scaling: gradient elements lost to underflow beyond the fp32 baseline's own
+  zeros, or non-finite steps;
+- BatchNorm running in fp16 (its input) or with low-precision running statistics;
+- gradients left in low precision after communication when the parameters are fp32;
+- a plain GradScaler where sharded (FSDP/ZeRO-3) fp16 needs ShardedGradScaler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from commbench.training.policies import Policy
+
+UNDERFLOW_WARN_FRAC = 0.01
+"""Warn when more than this fraction of gradient elements underflow beyond the fp32 baseline's zeros."""
+
+_LOW = {torch.float16, torch.bfloat16}
+
+
+def fp16_unscaled(
+    policy: Policy, underflow_frac: float, baseline_underflow_frac: float, nonfinite_steps: int, skipped_steps: int
+) -> str | None:
+    """fp16 arithmetic or communication on gradients without a loss scaler, and it shows."""
+    if not policy.uses_fp16 or policy.scaler is not None:
+        return None
+    excess = underflow_frac - baseline_underflow_frac
+    if excess <= UNDERFLOW_WARN_FRAC and nonfinite_steps == 0:
+        return None
+    return (
+        f"fp16 without loss scaling: {underflow_frac:.1%} of gradient elements underflow to zero in fp16 "
+        f"(fp32 baseline {baseline_underflow_frac:.1%}), {nonfinite_steps} non-finite and {skipped_steps} "
+        "skipped steps; use a GradScaler"
+    )
+
+
+def batchnorm_low_precision(seen: Iterable[tuple[str, str]]) -> list[str]:
+    """BatchNorm calls seen as (input dtype, running-statistics dtype) names; fp16 input or low-precision stats."""
+    out = []
+    for in_dt, buf_dt in sorted(set(seen)):
+        if in_dt == "float16" or buf_dt in ("float16", "bfloat16"):
+            out.append(f"BatchNorm running in low precision (input {in_dt}, running statistics {buf_dt})")
+    return out
+
+
+def low_precision_grads(pairs: Iterable[tuple[torch.dtype, torch.dtype]], asked: bool = False) -> str | None:
+    """(parameter dtype, gradient dtype) pairs seen after communication; warn on fp32 params with fp16/bf16 grads."""
+    if asked:
+        return None
+    low = sorted({str(g).removeprefix("torch.") for p, g in pairs if p == torch.float32 and g in _LOW})
+    if not low:
+        return None
+    return f"gradients left in {', '.join(low)} after communication (parameters are float32)"
+
+
+def plain_scaler_on_sharded(policy: Policy, scaler: object | None) -> str | None:
+    """A plain GradScaler on sharded parameters: found-inf is per rank, so ranks can disagree on skipping."""
+    if policy.wrapper == "ddp" or scaler is None:
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    if isinstance(scaler, ShardedGradScaler):
+        return None
+    return (
+        f"plain {type(scaler).__name__} with {policy.wrapper} sharded parameters: found-inf is not reduced "
+        "across ranks; use ShardedGradScaler"
+    )

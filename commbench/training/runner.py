@@ -1,0 +1,766 @@
+"""Runs training steps under each precision policy and turns them into `training.csv` / `training_steps.csv` rows.
+
+Called on every rank after `torch.distributed` is initialised (gloo/CPU or NCCL/GPU, same code).
+Per policy (`PolicySession`): build the model from the section seed (identical on every rank and
+for every policy), wrap it (DDP / FSDP1 / FSDP2 / ZeRO), run `warmup_steps + steps` steps on
+identical data, and record per step: loss (mean over ranks), global gradient norm, step time (max
+over ranks), skipped (GradScaler lowered its scale), non-finite gradients, underflow fraction and
+the bus bytes counted by `CommCounter`. The step clock covers forward, backward (with the gradient
+communication) and the optimizer step; the gradient statistics run after the clock stops and their
+cross-rank reductions are deferred to the end of the policy, so instrumentation adds no collective
+to a step. The last warm-up step carries the memory measurement (its sampler slows the step, so it
+is never a timed step). On CPU two untimed fp32 steps first prime the process, so one-time
+allocations are not charged to the first policy's memory.
+
+Numerics are compared with the fp32 baseline, which always runs first (prepended when the section
+does not list it): loss_drift = loss - loss_fp32 at the same step; grad_norm_drift =
+(grad_norm - grad_norm_fp32) / grad_norm_fp32.
+
+underflow_frac: fraction of the gradient elements (after communication, multiplied back by the
+GradScaler scale when there is one, i.e. as the low-precision arithmetic saw them) whose magnitude
+is at most half the smallest subnormal of the lowest precision the gradient went through
+(`Policy.grad_low_dtype`): the values a cast to that precision rounds to zero, exact zeros included.
+For fp8 the threshold is relative to the gradient's amax (per-tensor scaling): amax / 448 * 2**-10.
+The fp32 baseline's figure is its fraction of exact zeros, the floor the pitfall detector compares
+against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from commbench.training import pitfalls as pitfalls_mod
+from commbench.training.comm import CommCounter, bus_factor, dtype_name
+from commbench.training.hooks import fp8_codec, get_hook
+from commbench.training.memory import analytic_model_state_bytes, heap_in_use, measure_step_memory
+from commbench.training.models import build_model, loss_fn, make_batch, param_count, tokens_per_sample
+from commbench.training.policies import Policy, get_policy
+from commbench.training.section import validate_training_section
+
+# Half the smallest positive subnormal: at or below it a value rounds to zero when cast (ties to even).
+_UNDERFLOW: dict[str, float] = {
+    "fp32": 2.0**-150,
+    "bf16": 2.0**-134,
+    "fp16": 2.0**-25,
+}
+_FP8_E4M3_REL = 2.0**-10 / 448.0
+
+
+# --- one policy --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Wrapped:
+    """A model ready to train under a policy, plus what the formulas need to know about it."""
+
+    model: nn.Module
+    optimizer: Any
+    scaler: Any | None
+    ddp_bucket_numels: list[int] = field(default_factory=list)
+    fsdp_units: list[FsdpUnit] = field(default_factory=list)
+
+
+@dataclass
+class StepRecord:
+    """What one step measured (already reduced over ranks where that is meaningful)."""
+
+    step: int
+    warmup: bool
+    loss: float
+    grad_norm: float
+    step_time_us: float
+    skipped: bool
+    nonfinite: bool
+    underflow_frac: float
+    comm: dict[str, float]
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    return list(getattr(model, "blocks", []))
+
+
+def _batchnorms(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+@dataclass(frozen=True, slots=True)
+class FsdpUnit:
+    """One FSDP unit as the formulas see it: its shard size, dtypes and how often it is all-gathered."""
+
+    shard_numel: int
+    param_dtype: torch.dtype
+    reduce_dtype: torch.dtype
+    gathers: int
+
+
+def fsdp_units(model: nn.Module, policy: Policy, n: int) -> list[FsdpUnit]:
+    """The units `_wrap` creates for `policy` (blocks, BatchNorms kept in fp32 under mixed precision, root).
+
+    FSDP1 flattens a unit's own parameters (nested units excluded) and pads the flat parameter to a
+    multiple of n; FSDP2 shards every parameter on dim 0, padding dim 0 to a multiple of n. The
+    root stays gathered from forward to backward in both (all-gathered once per step); other units
+    are gathered again for backward when they reshard after forward.
+    """
+    mixed = policy.param_dtype != torch.float32 or policy.reduce_dtype != torch.float32
+    bns = _batchnorms(model) if mixed else []
+    fp32 = torch.float32
+    groups: list[tuple[list[nn.Parameter], bool, torch.dtype, torch.dtype]] = []
+    taken: set[int] = set()
+    for bn in bns:  # innermost first: their parameters leave the enclosing block's unit
+        ps = [p for p in bn.parameters() if id(p) not in taken]
+        taken |= {id(p) for p in ps}
+        groups.append((ps, False, fp32, fp32))
+    for block in _blocks(model):
+        ps = [p for p in block.parameters() if id(p) not in taken]
+        taken |= {id(p) for p in ps}
+        groups.append((ps, False, policy.param_dtype, policy.reduce_dtype))
+    groups.append(
+        ([p for p in model.parameters() if id(p) not in taken], True, policy.param_dtype, policy.reduce_dtype)
+    )
+
+    def shard(ps: list[nn.Parameter]) -> int:
+        if policy.wrapper == "fsdp1":
+            return -(-sum(p.numel() for p in ps) // n)
+        return sum(-(-p.shape[0] // n) * (p.numel() // max(p.shape[0], 1)) for p in ps)
+
+    units = []
+    for ps, is_root, pd, rd in groups:
+        size = shard(ps)
+        if size:
+            gathers = 2 if policy.reshard_after_forward and not is_root else 1
+            units.append(FsdpUnit(size, pd, rd, gathers))
+    return units
+
+
+def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: int) -> Wrapped:
+    model = model.to(device)
+    scaler: Any | None = None
+    if policy.wrapper == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ddp = DDP(
+            model,
+            device_ids=[device.index if device.index is not None else torch.cuda.current_device()]
+            if device.type == "cuda"
+            else None,
+            gradient_as_bucket_view=True,  # grads are views of the buckets: no second 4*Psi copy
+        )
+        ddp.register_comm_hook(None, get_hook(policy.hook))
+        params = list(ddp.parameters())
+        if policy.zero_optimizer:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt: Any = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
+        else:
+            opt = torch.optim.AdamW(params, lr=lr)
+        if policy.scaler == "grad":
+            scaler = torch.amp.GradScaler(device.type)
+        return Wrapped(ddp, opt, scaler)
+    if policy.wrapper == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        units = fsdp_units(model, policy, n)
+        mesh = init_device_mesh(device.type, (n,))
+        mp = MixedPrecisionPolicy(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
+        # None = FSDP2's default: reshard blocks after forward, keep the root gathered (the formula assumes it).
+        reshard = None if policy.reshard_after_forward else False
+        if policy.param_dtype != torch.float32 or policy.reduce_dtype != torch.float32:
+            # BatchNorm kept in fp32 as its own unit, as FSDP1's MixedPrecision does by default
+            # (`_module_classes_to_ignore`); its inputs are cast to fp32 on the way in.
+            keep = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+            for bn in _batchnorms(model):
+                fully_shard(bn, mesh=mesh, mp_policy=keep, reshard_after_forward=reshard)
+        for block in _blocks(model):
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        if policy.scaler == "sharded":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            scaler = ShardedGradScaler(device=device.type)
+        elif policy.scaler == "grad":
+            scaler = torch.amp.GradScaler(device.type)
+        return Wrapped(model, opt, scaler, fsdp_units=units)
+    if policy.wrapper == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        units = fsdp_units(model, policy, n)
+        blocks = _blocks(model)
+        block_types = {type(b) for b in blocks}
+        mp1 = None
+        if policy.param_dtype != torch.float32 or policy.reduce_dtype != torch.float32 or policy.buffer_dtype:
+            mp1 = MixedPrecision(
+                param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype, buffer_dtype=policy.buffer_dtype
+            )
+        fsdp = FSDP(
+            model,
+            device_id=device,
+            auto_wrap_policy=ModuleWrapPolicy(block_types) if block_types else None,
+            sharding_strategy=ShardingStrategy.FULL_SHARD
+            if policy.reshard_after_forward
+            else ShardingStrategy.SHARD_GRAD_OP,
+            mixed_precision=mp1,
+        )
+        opt = torch.optim.AdamW(fsdp.parameters(), lr=lr)
+        if policy.scaler == "sharded":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            scaler = ShardedGradScaler(device=device.type)
+        elif policy.scaler == "grad":
+            scaler = torch.amp.GradScaler(device.type)
+        return Wrapped(fsdp, opt, scaler, fsdp_units=units)
+    raise ValueError(f"unknown wrapper {policy.wrapper!r}; valid: ddp, fsdp1, fsdp2")
+
+
+def expected_comm(policy: Policy, w: Wrapped, psi: int, buffer_bytes: dict[str, int], n: int) -> dict[str, float]:
+    """Formula: bus bytes per step by "op:dtype" (nccl-tests definitions, see comm.py)."""
+    out: dict[str, float] = {}
+
+    def add(key: str, v: float) -> None:
+        if v:
+            out[key] = out.get(key, 0.0) + v
+
+    if n <= 1:
+        return out
+    if policy.wrapper == "ddp":
+        ar = bus_factor("all_reduce", n)
+        if policy.hook is None:
+            add("all_reduce:float", ar * psi * 4)
+        elif policy.hook in ("fp16", "bf16"):
+            add(f"all_reduce:{'half' if policy.hook == 'fp16' else 'bfloat16'}", ar * psi * 2)
+        elif policy.hook == "fp8":
+            # per bucket: all_to_all + all_gather of the padded uint8 chunks and of one fp32 scale per chunk
+            for numel in w.ddp_bucket_numels:
+                chunk = -(-numel // n)
+                for op in ("all_to_all", "all_gather"):
+                    add(f"{op}:uint8", bus_factor(op, n) * n * chunk)
+                    add(f"{op}:float", bus_factor(op, n) * n * 4)
+        for key, nbytes in buffer_bytes.items():  # DDP re-broadcasts buffers from rank 0 every forward
+            add(f"broadcast:{key}", nbytes * bus_factor("broadcast", n))
+        if policy.zero_optimizer:  # each owner broadcasts its updated fp32 parameters
+            add("broadcast:float", psi * 4 * bus_factor("broadcast", n))
+        return out
+    ag, rs = bus_factor("all_gather", n), bus_factor("reduce_scatter", n)
+    if policy.scaler == "sharded":  # ShardedGradScaler all-reduces its one-element found_inf per step
+        add("all_reduce:float", bus_factor("all_reduce", n) * 4)
+    for u in w.fsdp_units:
+        add(f"all_gather:{dtype_name(u.param_dtype)}", u.gathers * ag * n * u.shard_numel * u.param_dtype.itemsize)
+        add(f"reduce_scatter:{dtype_name(u.reduce_dtype)}", rs * n * u.shard_numel * u.reduce_dtype.itemsize)
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    out = []
+    for p in model.parameters():
+        g = p.grad
+        if g is None:
+            continue
+        out.append(g._local_tensor if hasattr(g, "_local_tensor") else g)
+    return out
+
+
+def _grad_dtypes(model: nn.Module) -> set[tuple[torch.dtype, torch.dtype]]:
+    pairs = set()
+    for p in model.parameters():
+        if p.grad is not None:
+            pairs.add((p.dtype, p.grad.dtype))
+    return pairs
+
+
+def _underflow_threshold(low: str, grads: list[torch.Tensor]) -> torch.Tensor | float:
+    if low == "fp8_e4m3":
+        amax = max((g.detach().abs().max() for g in grads if g.numel()), default=torch.tensor(0.0))
+        return amax.double() * _FP8_E4M3_REL
+    return _UNDERFLOW[low]
+
+
+class _BNInspector:
+    """Forward pre-hooks on BatchNorm modules: records the input and running-stat dtypes of one step."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.seen: set[tuple[str, str]] = set()
+        self.handles = [
+            m.register_forward_pre_hook(self._hook)
+            for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        ]
+
+    def _hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0] if args else None
+        in_dt = str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else "?"
+        rm = getattr(module, "running_mean", None)
+        buf_dt = str(rm.dtype).removeprefix("torch.") if isinstance(rm, torch.Tensor) else "none"
+        self.seen.add((in_dt, buf_dt))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+@dataclass
+class PolicyRun:
+    """Everything measured for one policy (rank-reduced), before drift against the baseline."""
+
+    policy: Policy
+    steps: list[StepRecord]
+    psi: int
+    peak_mem_bytes: float
+    peak_mem_kind: str
+    model_state_bytes: int
+    comm_expected: dict[str, float]
+    comm_wire_bytes: float
+    notes: list[str]
+    pitfalls: list[str]
+    error: str = ""
+
+
+class PolicySession:
+    """One policy's wrapped model and its step loop, with the instrumentation separable from the step.
+
+    `bare_step` is the training step alone (what a user's loop does); `instrumented_step` adds
+    the step clock, comm counting (when `counter` is installed) and, with `numerics`, the gradient
+    statistics. Cross-rank reductions of what the steps measured are deferred to `finish`, so the
+    instrumentation adds no collective to a step.
+    """
+
+    def __init__(self, policy: Policy, section: dict[str, Any], device: torch.device) -> None:
+        self.policy, self.section, self.device = policy, section, device
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.backend = str(dist.get_backend())
+        self.heap_base = heap_in_use() if device.type == "cpu" else None
+        model = build_model(section)
+        self.psi = param_count(model)
+        self.buffer_bytes: dict[str, int] = {}
+        for b in model.buffers():
+            key = dtype_name(b.dtype)
+            self.buffer_bytes[key] = self.buffer_bytes.get(key, 0) + b.numel() * b.element_size()
+        self.notes: list[str] = []
+        self.pitfalls: list[str] = []
+        self.w = _wrap(policy, model, device, float(section["lr"]), self.n)
+        if policy.wrapper == "ddp":
+            data = cast(Any, self.w.model)._get_ddp_logging_data()
+            sizes = str(data.get("bucket_sizes", "")).replace(" ", "")
+            self.w.ddp_bucket_numels = [int(s) // 4 for s in sizes.split(",") if s]
+        if policy.hook == "fp8":
+            self.notes.append(f"fp8 codec: {fp8_codec()[2]}")
+        msg = pitfalls_mod.plain_scaler_on_sharded(policy, self.w.scaler)
+        if msg:
+            self.pitfalls.append(msg)
+        self.mult = float(section["loss_multiplier"])
+        self.warmup = int(section["warmup_steps"])
+        self.counter = CommCounter()
+        self.bn: _BNInspector | None = _BNInspector(self.w.model)
+        self.grad_dtype_pairs: set[tuple[torch.dtype, torch.dtype]] = set()
+        self.peak_mem, self.peak_kind = math.nan, "none"
+        # per step, local to this rank until finish(): [loss, sum g^2, underflowed, elements, nonfinite]
+        self._local: list[torch.Tensor] = []
+        self._times: list[float] = []
+        self._meta: list[tuple[int, bool, dict[str, float]]] = []  # (step, skipped, comm)
+        self._share: list[int] | None = None
+
+    def _autocast(self) -> Any:
+        if self.policy.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.policy.autocast)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward, backward (with the gradient communication), optimizer step. Returns the detached loss."""
+        w = self.w
+        with self._autocast():
+            logits = w.model(x)
+        loss = loss_fn(logits, y)
+        if w.scaler is not None:
+            w.scaler.scale(loss * self.mult).backward()
+            w.scaler.step(w.optimizer)
+            w.scaler.update()
+        else:
+            (loss * self.mult).backward()
+            w.optimizer.step()
+        return loss.detach()
+
+    def bare_step(self, s: int) -> None:
+        """The step as a user's loop runs it: no clock, no counting, no statistics."""
+        x, y = make_batch(self.section, self.rank, s, self.device)
+        self.train_step(x, y)
+        self.w.optimizer.zero_grad(set_to_none=True)
+
+    def instrumented_step(self, s: int, *, measure_memory: bool = False, numerics: bool = True) -> None:
+        """One step with its clock (or the memory measurement), comm bytes and gradient statistics."""
+        w, device = self.w, self.device
+        x, y = make_batch(self.section, self.rank, s, device)
+        scale_before = w.scaler.get_scale() if w.scaler is not None else 1.0
+        box: list[torch.Tensor] = []
+        self.counter.reset()
+        if measure_memory:
+            self.peak_mem, self.peak_kind = measure_step_memory(
+                lambda: box.append(self.train_step(x, y)), w.model, w.optimizer, device, self.heap_base
+            )
+            elapsed = math.nan
+        else:
+            _sync(device)
+            t0 = time.perf_counter()
+            box.append(self.train_step(x, y))
+            _sync(device)
+            elapsed = (time.perf_counter() - t0) * 1e6
+        comm = self.counter.snapshot()
+        if self.bn is not None:  # one step is enough to see which dtypes BatchNorm runs in
+            self.bn.remove()
+        scale_after = w.scaler.get_scale() if w.scaler is not None else 1.0
+        if numerics:
+            self._local.append(self._grad_stats(box[0], scale_before))
+        w.optimizer.zero_grad(set_to_none=True)
+        self._times.append(elapsed)
+        self._meta.append((s, scale_after < scale_before, comm))
+
+    def _my_share(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """This rank's part of the gradient tensors for the statistics.
+
+        Sharded wrappers: all of its (local) shards. Replicated gradients (DDP, ZeRO-1) are identical
+        on every rank, so the ranks split the tensors between them (greedy by size, the same split
+        everywhere) and the sums add up across ranks: each rank does 1/n of the work.
+        """
+        if self.policy.wrapper != "ddp" or self.n == 1:
+            return grads
+        if self._share is None:
+            load = [0] * self.n
+            owner = [0] * len(grads)
+            for i in sorted(range(len(grads)), key=lambda i: -grads[i].numel()):
+                r = load.index(min(load))
+                owner[i] = r
+                load[r] += grads[i].numel()
+            self._share = [i for i, r in enumerate(owner) if r == self.rank]
+        return [grads[i] for i in self._share]
+
+    def _grad_stats(self, loss: torch.Tensor, scale: float) -> torch.Tensor:
+        grads = self._my_share(_grads(self.w.model))
+        self.grad_dtype_pairs |= _grad_dtypes(self.w.model)
+        low = self.policy.grad_low_dtype
+        dev = self.device
+        with torch.no_grad():
+            if grads:
+                # One fused pass for the norms; a non-finite element makes its tensor's norm non-finite.
+                norms = torch.stack(torch._foreach_norm(grads)).double()
+                sumsq = norms.pow(2).sum()
+                nonfin = (~torch.isfinite(norms)).any().double()
+            else:
+                sumsq = nonfin = torch.zeros((), dtype=torch.float64, device=dev)
+            under = torch.zeros((), dtype=torch.float64, device=dev)
+            if low == "fp32":
+                for g in grads:  # fp32 itself: only exact zeros (counted without a temporary)
+                    under += g.numel() - torch.count_nonzero(g)
+            else:
+                thr = _underflow_threshold(low, grads)
+                for g in grads:
+                    # |g * scale| <= thr, with the threshold scaled once instead of every element
+                    under += torch.count_nonzero(torch.abs(g).le_(thr / scale))
+            count = float(sum(g.numel() for g in grads))
+            return torch.stack(
+                [loss.double().reshape(()).to(dev), sumsq, under, torch.tensor(count, dtype=torch.float64, device=dev),
+                 nonfin]
+            )  # fmt: skip
+
+    def finish(self) -> PolicyRun:
+        """Reduce what the steps measured across ranks (two collectives, uncounted) and describe the run."""
+        n, dev = self.n, self.device
+        times = torch.tensor(
+            [t if math.isfinite(t) else 0.0 for t in self._times]
+            + [self.peak_mem if math.isfinite(self.peak_mem) else 0.0],
+            dtype=torch.float64,
+            device=dev,
+        )
+        stats = torch.stack(self._local) if self._local else torch.zeros((0, 5), dtype=torch.float64, device=dev)
+        with self.counter.paused():
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
+            dist.all_reduce(stats)
+        times_l, stats_l = times.tolist(), stats.tolist()
+        if math.isfinite(self.peak_mem):
+            self.peak_mem = times_l[-1]
+        records: list[StepRecord] = []
+        for i, (s, skipped, comm) in enumerate(self._meta):
+            loss_v = gn = under = math.nan
+            nonfinite = False
+            if i < len(stats_l):
+                loss_sum, sumsq, und, count, nonfin = stats_l[i]
+                loss_v, gn = loss_sum / n, math.sqrt(sumsq)
+                under = und / count if count else math.nan
+                nonfinite = nonfin > 0 or not math.isfinite(loss_v) or not math.isfinite(gn)
+            records.append(
+                StepRecord(
+                    step=s,
+                    warmup=s < self.warmup,
+                    loss=loss_v,
+                    grad_norm=gn,
+                    step_time_us=times_l[i] if math.isfinite(self._times[i]) else math.nan,
+                    skipped=skipped,
+                    nonfinite=nonfinite,
+                    underflow_frac=under,
+                    comm=comm,
+                )
+            )
+        pitfalls = list(self.pitfalls)
+        # Gradients must come back in the parameter's dtype: no policy here asks for low-precision grads.
+        msg = pitfalls_mod.low_precision_grads(self.grad_dtype_pairs)
+        if msg:
+            pitfalls.append(msg)
+        if self.bn is not None:
+            pitfalls.extend(pitfalls_mod.batchnorm_low_precision(self.bn.seen))
+        notes = list(self.notes)
+        expected = expected_comm(self.policy, self.w, self.psi, self.buffer_bytes, n)
+        measured = _mean_comm([r for r in records if not r.warmup])
+        if self.backend == "gloo" and any(k.startswith("reduce_scatter") for k in measured):
+            notes.append(
+                "gloo implements reduce_scatter as an all_reduce of the whole input: wire bytes exceed nominal"
+            )
+        wire = 0.0
+        for key, v in measured.items():
+            op = key.split(":", 1)[0]
+            gloo_rs = self.backend == "gloo" and op == "reduce_scatter"
+            wire += v * bus_factor("all_reduce", n) / bus_factor(op, n) if gloo_rs else v
+        return PolicyRun(
+            policy=self.policy,
+            steps=records,
+            psi=self.psi,
+            peak_mem_bytes=self.peak_mem,
+            peak_mem_kind=self.peak_kind,
+            model_state_bytes=analytic_model_state_bytes(self.policy, self.psi, n),
+            comm_expected=expected,
+            comm_wire_bytes=wire,
+            notes=notes,
+            pitfalls=pitfalls,
+        )
+
+
+def run_policy(policy: Policy, section: dict[str, Any], device: torch.device) -> PolicyRun:
+    """Train `warmup_steps + steps` steps under `policy`; collectives on the default group."""
+    sess = PolicySession(policy, section, device)
+    total = sess.warmup + int(section["steps"])
+    mem_step = sess.warmup - 1 if section["measure_memory"] else -1
+    with sess.counter:
+        for s in range(total):
+            sess.instrumented_step(s, measure_memory=s == mem_step)
+        run = sess.finish()
+    return run
+
+
+def _mean_comm(records: list[StepRecord]) -> dict[str, float]:
+    if not records:
+        return {}
+    keys = sorted({k for r in records for k in r.comm})
+    return {k: sum(r.comm.get(k, 0.0) for r in records) / len(records) for k in keys}
+
+
+def _pct(values: list[float], q: float) -> float:
+    vals = sorted(v for v in values if math.isfinite(v))
+    if not vals:
+        return math.nan
+    # linear interpolation between closest ranks (numpy's default "linear" method)
+    pos = (len(vals) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+# --- rows --------------------------------------------------------------------------------------------
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
+
+
+def build_rows(
+    run: PolicyRun, baseline: PolicyRun | None, section: dict[str, Any], n: int, backend: str, device: torch.device
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Summary row and step rows for one policy, with drift and gains against the fp32 baseline."""
+    p = run.policy
+    base_steps = {r.step: r for r in baseline.steps} if baseline is not None else {}
+    step_rows: list[dict[str, Any]] = []
+    for r in run.steps:
+        b = base_steps.get(r.step)
+        step_rows.append(
+            {
+                "policy": p.name,
+                "step": r.step,
+                "warmup": r.warmup,
+                "loss": r.loss,
+                "grad_norm": r.grad_norm,
+                "step_time_us": r.step_time_us,
+                "skipped": r.skipped,
+                "nonfinite": r.nonfinite,
+                "underflow_frac": r.underflow_frac,
+                "loss_drift": r.loss - b.loss if b is not None else math.nan,
+                "grad_norm_drift": (r.grad_norm - b.grad_norm) / b.grad_norm
+                if b is not None and b.grad_norm
+                else math.nan,
+                "comm_bytes": sum(r.comm.values()),
+            }
+        )
+    measured = [r for r in run.steps if not r.warmup]
+    times = [r.step_time_us for r in measured]
+    p50, p95 = _pct(times, 0.5), _pct(times, 0.95)
+    samples = int(section["batch_size"]) * n / (p50 * 1e-6) if p50 and math.isfinite(p50) else math.nan
+    comm_by_op = _mean_comm(measured)
+    comm_total = sum(comm_by_op.values())
+    expected_total = sum(run.comm_expected.values())
+    skipped = sum(r.skipped for r in run.steps)
+    nonfinite = sum(r.nonfinite for r in run.steps)
+    underflow = sum(r.underflow_frac for r in run.steps) / len(run.steps) if run.steps else math.nan
+    base_under = (
+        sum(r.underflow_frac for r in baseline.steps) / len(baseline.steps) if baseline and baseline.steps else 0.0
+    )
+    pitfalls = list(run.pitfalls)
+    msg = pitfalls_mod.fp16_unscaled(p, underflow, base_under, nonfinite, skipped)
+    if msg:
+        pitfalls.insert(0, msg)
+    if comm_by_op and run.comm_expected and not _close(comm_by_op, run.comm_expected):
+        run.notes.append("measured comm bytes differ from the formula")
+    base_final = baseline.steps[-1] if baseline is not None and baseline.steps else None
+    final = run.steps[-1] if run.steps else None
+    gdrifts = [abs(row["grad_norm_drift"]) for row in step_rows if math.isfinite(row["grad_norm_drift"])]
+    base_summary = _base_numbers(baseline, section, n) if baseline is not None else {}
+    summary = {
+        "policy": p.name,
+        "family": p.family,
+        "description": p.description,
+        "comm_dtype": p.comm_dtype,
+        "model": section["model"],
+        "params": run.psi,
+        "world_size": n,
+        "backend": backend,
+        "device": str(device),
+        "steps": len(measured),
+        "warmup_steps": int(section["warmup_steps"]),
+        "step_time_us_p50": p50,
+        "step_time_us_p95": p95,
+        "samples_per_s": samples,
+        "tokens_per_s": samples * tokens_per_sample(section),
+        "peak_mem_bytes": run.peak_mem_bytes,
+        "peak_mem_kind": run.peak_mem_kind,
+        "model_state_bytes": run.model_state_bytes,
+        "model_state_kind": "analytic",
+        "comm_bytes_per_step": comm_total,
+        "comm_bytes_expected": expected_total,
+        "comm_wire_bytes_per_step": run.comm_wire_bytes,
+        "comm_by_op": json.dumps(comm_by_op, sort_keys=True),
+        "comm_expected_by_op": json.dumps(run.comm_expected, sort_keys=True),
+        "final_loss": final.loss if final else math.nan,
+        "final_loss_drift": final.loss - base_final.loss if final and base_final else math.nan,
+        "max_grad_norm_drift": max(gdrifts) if gdrifts else math.nan,
+        "skipped_steps": skipped,
+        "nonfinite_steps": nonfinite,
+        "underflow_frac": underflow,
+        "speedup_vs_fp32": _ratio(base_summary.get("p50", math.nan), p50),
+        "mem_saved_vs_fp32": 1.0 - _ratio(run.peak_mem_bytes, base_summary.get("mem", math.nan)),
+        "comm_saved_vs_fp32": 1.0 - _ratio(comm_total, base_summary.get("comm", math.nan)),
+        "warnings": "; ".join(pitfalls),
+        "notes": "; ".join(run.notes),
+        "error": run.error,
+    }
+    return summary, step_rows
+
+
+def _close(a: dict[str, float], b: dict[str, float]) -> bool:
+    keys = set(a) | set(b)
+    return all(abs(a.get(k, 0.0) - b.get(k, 0.0)) <= 1e-6 * max(1.0, abs(b.get(k, 0.0))) for k in keys)
+
+
+def _base_numbers(baseline: PolicyRun, section: dict[str, Any], n: int) -> dict[str, float]:
+    measured = [r for r in baseline.steps if not r.warmup]
+    return {
+        "p50": _pct([r.step_time_us for r in measured], 0.5),
+        "mem": baseline.peak_mem_bytes,
+        "comm": sum(_mean_comm(measured).values()),
+    }
+
+
+def _error_rows(
+    policy: Policy, section: dict[str, Any], n: int, backend: str, device: torch.device, err: str
+) -> dict[str, Any]:
+    return {
+        "policy": policy.name,
+        "family": policy.family,
+        "description": policy.description,
+        "comm_dtype": policy.comm_dtype,
+        "model": section["model"],
+        "world_size": n,
+        "backend": backend,
+        "device": str(device),
+        "steps": 0,
+        "warnings": "",
+        "notes": "",
+        "error": err,
+    }
+
+
+# --- entry point -------------------------------------------------------------------------------------
+
+
+def run_training(
+    section: dict[str, Any],
+    *,
+    device: torch.device,
+    on_policy_done: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None,
+    skip: Collection[str] = (),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run every policy of a `[training]` section; complete rows on rank 0, empty lists elsewhere.
+
+    `skip` (the same on every rank) names policies already done, e.g. when resuming: they are not
+    run, except the fp32 baseline, which still runs when another policy needs it but is not reported.
+
+    Must be called on every rank after `torch.distributed` is initialised. A policy that raises is
+    recorded as a summary row with `error` set (the exception is the same on every rank for the
+    configuration errors this catches) and the next policy runs.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("run_training needs torch.distributed initialised (call it on every rank)")
+    sec = validate_training_section(section)
+    names = [p for p in sec["policies"] if p != "fp32" and p not in skip]
+    if names or "fp32" not in skip:
+        names.insert(0, "fp32")  # the baseline always runs first: drift needs it
+    rank, n = dist.get_rank(), dist.get_world_size()
+    backend = str(dist.get_backend())
+    summary_rows: list[dict[str, Any]] = []
+    step_rows: list[dict[str, Any]] = []
+    baseline: PolicyRun | None = None
+    if sec["measure_memory"] and device.type == "cpu":
+        # Prime the process: the first training run allocates process-lifetime caches (oneDNN
+        # primitives, gloo buffers, thread pools) that the heap measurement would charge to the
+        # baseline. Two untimed fp32 steps, no rows.
+        run_policy(get_policy("fp32"), {**sec, "steps": 1, "warmup_steps": 1, "measure_memory": False}, device)
+    for name in names:
+        policy = get_policy(name)
+        try:
+            run = run_policy(policy, sec, device)
+        except Exception as exc:  # noqa: BLE001 - keep the other policies; the row carries the error
+            if rank == 0 and name not in skip:
+                row = _error_rows(policy, sec, n, backend, device, f"{type(exc).__name__}: {exc}")
+                summary_rows.append(row)
+                if on_policy_done is not None:
+                    on_policy_done([row], [])
+            continue
+        if baseline is None and name == "fp32":
+            baseline = run
+        if rank == 0 and name not in skip:
+            summary, steps = build_rows(run, baseline, sec, n, backend, device)
+            summary_rows.append(summary)
+            step_rows.extend(steps)
+            if on_policy_done is not None:
+                on_policy_done([summary], steps)
+    return summary_rows, step_rows
