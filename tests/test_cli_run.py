@@ -13,7 +13,8 @@ import pytest
 
 import commbench
 from commbench.results import COLUMNS
-from tests.cli_util import FAST, commbench as run_cli
+from tests.cli_util import FAST
+from tests.cli_util import commbench as run_cli
 
 pytestmark = pytest.mark.timeout(240)
 
