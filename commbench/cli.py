@@ -212,6 +212,7 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     child_argv = [a for a in argv]
     if args.resume is None and args.out is None:
         child_argv += ["--out", str(out)]
+    os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed, not our re-exec
     try:
         spawn_local(child_argv + ["--no-report"], nproc, timeout_s=args.timeout)
     except RankFailure as e:
@@ -310,7 +311,8 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             try:
                 writer = RunWriter(Path(out), resume=args.resume is not None)
                 if args.resume is None:
-                    writer.write_metadata(run_metadata(suite, d, ["python", "-m", "commbench", *sys.argv[1:]], start))
+                    user_argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
+                    writer.write_metadata(run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start))
             except ValueError as e:
                 problem = str(e)
         verdict: list[Any] = [problem]

@@ -178,9 +178,20 @@ class Dist:
     def device_name(self) -> str:
         if self.device.type == "cuda":
             return torch.cuda.get_device_name(self.device)
-        import platform
+        return cpu_model_name()
 
-        return platform.processor() or platform.machine() or "cpu"
+
+def cpu_model_name() -> str:
+    """The CPU's marketing name (``/proc/cpuinfo`` on Linux), else the architecture."""
+    import platform
+
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
