@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=_positive_int, help="untimed calls per phase before calibration")
     r.add_argument("--min-time", type=_positive_float, help="minimum seconds per sample (calibrates k)")
     r.add_argument("--repeats", type=_positive_int, help="samples per point and rank")
+    r.add_argument("--no-training", action="store_true", help="skip the suite's [training] section")
     r.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report at the end")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -160,6 +161,12 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
     else:
         suite = load_suite(args.suite or DEFAULT_SUITE)
     timing = {k: v for k, v in (("warmup", args.warmup), ("min_time_s", args.min_time), ("repeats", args.repeats)) if v is not None}
+    if args.no_training and suite.training is not None:
+        from dataclasses import replace
+
+        if not suite.collectives:
+            raise CLIError(f"suite {suite.name!r} has only a [training] section; --no-training leaves nothing to run")
+        suite = replace(suite, training=None)
     try:
         return suite.with_overrides(
             collectives=args.collectives,

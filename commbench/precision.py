@@ -31,6 +31,9 @@ NCCL_TYPE_NAMES: dict[torch.dtype, str] = {
     torch.float64: "double",
     torch.uint8: "uint8",
     torch.int8: "int8",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.bool: "bool",
     torch.float8_e4m3fn: "f8e4m3",
     torch.float8_e5m2: "f8e5m2",
 }

@@ -239,6 +239,7 @@ def real_run(base: Path, name: str = "a", precisions: str = "fp32,bf16") -> Path
         "--out",
         str(out),
         "--no-report",
+        "--no-training",
         # short timing: views need real rows, not precise ones
         "--min-time",
         "0.002",

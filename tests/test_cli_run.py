@@ -155,6 +155,7 @@ BAD_INPUTS = [
     (["run", "--resume", "nowhere"], "run directory 'nowhere' does not exist"),
     (["report", "nowhere"], "run directory 'nowhere' does not exist"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["run", "training", "--no-training"], "suite 'training' has only a [training] section"),
 ]
 
 

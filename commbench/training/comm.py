@@ -28,34 +28,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# nccl-tests type names, so rows read like nccl-tests output.
-DTYPE_NAMES: dict[torch.dtype, str] = {
-    torch.float32: "float",
-    torch.float16: "half",
-    torch.bfloat16: "bfloat16",
-    torch.float64: "double",
-    torch.uint8: "uint8",
-    torch.int8: "int8",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.bool: "bool",
-}
+from commbench.collectives import COLLECTIVES
+from commbench.precision import NCCL_TYPE_NAMES
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """nccl-tests type name of a torch dtype (falls back to torch's own name)."""
-    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    return NCCL_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def bus_factor(op: str, n: int) -> float:
     """nccl-tests bus-bandwidth factor: bytes a rank sends per byte of nccl-tests `size`."""
     if n <= 1:
         return 0.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if op == "broadcast":
+    if op in COLLECTIVES:
+        return COLLECTIVES[op].bus_factor(n)
+    if op == "broadcast":  # DDP's buffer re-broadcast; not a benchmarked collective
         return 1.0
     raise ValueError(f"unknown collective {op!r}; valid: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast")
 
