@@ -317,7 +317,13 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         if d.rank == 0:
             try:
                 writer = RunWriter(Path(out), resume=args.resume is not None)
-                if args.resume is None:
+                if args.resume is not None:
+                    meta = json.loads((writer.dir / "metadata.json").read_text())
+                    if (meta.get("world_size"), meta.get("backend")) != (d.world_size, d.backend):
+                        raise ValueError(
+                            f"cannot resume {out}: it ran {meta.get('world_size')} ranks on {meta.get('backend')}, this world has {d.world_size} on {d.backend}"
+                        )
+                else:
                     user_argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
                     writer.write_metadata(run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start))
             except ValueError as e:
@@ -397,6 +403,13 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
         import pandas as pd
 
         df = pd.DataFrame(writer.rows["results"])
+        if not df.empty:
+            noisy = int((df["cv"] >= 0.10).sum())
+            if noisy:  # pyperf's rule: say so instead of hiding it
+                print(
+                    f"# warning: {noisy} of {len(df)} points have a coefficient of variation >= 10 %: timings are noisy "
+                    "(other load on the machine, or too few samples: raise --min-time / --repeats)"
+                )
         cross = crossover(df)
         writer.write_crossover(cross)
         if cross:

@@ -124,6 +124,8 @@ def test_killed_rank_then_resume(tmp_path: Path) -> None:
     done = commbench.load(out)
     assert sorted(done["fp32_bytes"]) == [1024, 2048, 4096]  # every point finished before the kill is kept
     before = (out / "rows.jsonl").read_text()
+    mismatch = run_cli(*[a if a != "2" else "3" for a in args], "--resume", str(out), cwd=tmp_path)
+    assert mismatch.returncode == 2 and "cannot resume" in mismatch.stderr and "2 ranks on gloo" in mismatch.stderr
     proc = run_cli(*args, "--resume", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = commbench.load(out)
