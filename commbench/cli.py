@@ -199,7 +199,7 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     nproc = args.nproc if args.nproc is not None else default_nproc()
     if nproc < 1:
         raise CLIError(f"--nproc must be >= 1, got {nproc}")
-    backend = resolve_backend(args.backend, 0)
+    backend = resolve_backend(args.backend, 0, nproc)
     if args.resume is not None:
         meta = load_metadata(args.resume)
         if meta.get("world_size") != nproc or meta.get("backend") != backend:

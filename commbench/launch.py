@@ -119,11 +119,13 @@ def default_nproc() -> int:
     return n if n >= 2 else 2
 
 
-def resolve_backend(requested: str, local_rank: int) -> str:
+def resolve_backend(requested: str, local_rank: int, local_world_size: int) -> str:
+    """``auto`` is NCCL only when every rank on this node has its own GPU (every rank decides the same way)."""
+    gpus = has_gpus()
     if requested == "auto":
-        return "nccl" if local_rank < has_gpus() else "gloo"
-    if requested == "nccl" and local_rank >= has_gpus():
-        raise ValueError("backend 'nccl' needs a GPU per rank and this rank has none; use --backend gloo or auto")
+        return "nccl" if gpus >= local_world_size else "gloo"
+    if requested == "nccl" and local_rank >= gpus:
+        raise ValueError(f"backend 'nccl' needs a GPU per rank: this node has {gpus} GPU(s) for {local_world_size} rank(s); use --backend gloo or auto")
     return requested
 
 
@@ -196,7 +198,7 @@ def cpu_model_name() -> str:
 
 def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
     """Initialise torch.distributed for ``info`` (env:// rendezvous) with collective timeout ``timeout_s``."""
-    backend = resolve_backend(backend, info.local_rank)
+    backend = resolve_backend(backend, info.local_rank, info.local_world_size)
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:
         torch.set_num_threads(threads)

@@ -236,3 +236,13 @@ def test_joins_a_torchrun_world(tmp_path: Path) -> None:
     meta = commbench.load_metadata(out)
     assert meta["launcher"] == "torchrun" and meta["world_size"] == 2
     assert len(commbench.load(out)) == 1
+
+
+def test_nccl_without_gpus_is_bad_input(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs: --backend nccl is valid here")
+    proc = run_cli("run", "--backend", "nccl", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "backend 'nccl' needs a GPU per rank" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "results").exists()

@@ -164,3 +164,16 @@ def test_every_shipped_suite_is_valid() -> None:
     assert suites
     for path in suites:
         load_suite(str(path))  # raises ValueError naming the problem
+
+
+def test_auto_backend_needs_a_gpu_for_every_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    import commbench.launch as launch
+
+    monkeypatch.setattr(launch, "has_gpus", lambda: 1)
+    # one GPU, two ranks: a mixed nccl/gloo world would hang, so every rank must choose gloo
+    assert launch.resolve_backend("auto", 0, 2) == launch.resolve_backend("auto", 1, 2) == "gloo"
+    assert launch.resolve_backend("auto", 0, 1) == "nccl"
+    with pytest.raises(ValueError, match="needs a GPU per rank"):
+        launch.resolve_backend("nccl", 1, 2)
+    monkeypatch.setattr(launch, "has_gpus", lambda: 0)
+    assert launch.resolve_backend("auto", 0, 2) == "gloo"
