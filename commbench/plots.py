@@ -259,26 +259,49 @@ def _has(df: pd.DataFrame, col: str) -> bool:
 # --------------------------------------------------------------------------- collective figures
 
 
-def fig_busbw(run: RunData) -> Figure | None:
-    """busbw vs message size per collective (log-2 x), one line per precision."""
-    df = _speed_rows(run.results)
-    if df.empty or not _has(df, "busbw_gbps"):
-        return None
+def _per_collective_lines(
+    run: RunData,
+    df: pd.DataFrame,
+    *,
+    x: str,
+    y: str,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    log_y: bool = False,
+    decorate: Callable[[Axes, str, pd.DataFrame], None] | None = None,
+) -> Figure:
+    """One panel per collective, one line per precision series, log-2 size axis with human labels."""
     colls = _collectives(df)
     fig, axes = _grid(len(colls))
     cols = series_columns(df)
     pal = _palette(df, cols)
     for ax, coll in zip(axes, colls, strict=True):
         d = df[df["collective"] == coll]
-        _lines(ax, d, "size_bytes", "busbw_gbps", cols, palette=pal)
-        _log2_size_axis(ax, d["size_bytes"])
+        _lines(ax, d, x, y, cols, positive=log_y, palette=pal)
+        _log2_size_axis(ax, d[x])
+        if log_y:
+            _log_y(ax)
+        if decorate is not None:
+            decorate(ax, coll, d)
         ax.set_title(coll)
-        ax.set_xlabel("message size (nccl-tests size, bytes on the wire)")
-        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=8)
-    _title(fig, run.metadata, "Bus bandwidth vs message size")
+    _title(fig, run.metadata, title)
     return fig
+
+
+def fig_busbw(run: RunData) -> Figure | None:
+    """busbw vs message size per collective, one line per precision."""
+    df = _speed_rows(run.results)
+    if df.empty or not _has(df, "busbw_gbps"):
+        return None
+    return _per_collective_lines(
+        run, df, x="size_bytes", y="busbw_gbps", xlabel="message size (nccl-tests size, bytes on the wire)",
+        ylabel="bus bandwidth (GB/s)", title="Bus bandwidth vs message size",
+    )  # fmt: skip
 
 
 def fig_effective(run: RunData) -> Figure | None:
@@ -286,40 +309,34 @@ def fig_effective(run: RunData) -> Figure | None:
     df = _speed_rows(run.results)
     if df.empty or not _has(df, "effective_gbps") or not _has(df, "fp32_bytes"):
         return None
-    colls = _collectives(df)
-    fig, axes = _grid(len(colls))
-    cols = series_columns(df)
-    pal = _palette(df, cols)
     payload = primary_payload(df)
     cx = run.crossover
-    for ax, coll in zip(axes, colls, strict=True):
-        d = df[df["collective"] == coll]
-        _lines(ax, d, "fp32_bytes", "effective_gbps", cols, palette=pal)
-        _log2_size_axis(ax, d["fp32_bytes"])
-        if not cx.empty and "crossover_bytes" in cx.columns:
-            sel = cx[cx["collective"] == coll]
-            if payload is not None and "payload" in sel.columns:
-                sel = sel[sel["payload"].astype(str) == payload]
-            for _, r in sel.iterrows():
-                b = pd.to_numeric(r["crossover_bytes"], errors="coerce")
-                if pd.notna(b) and b > 0:
-                    ax.axvline(float(b), linestyle=":", color="grey")
-                    ax.annotate(
-                        f"{r['precision']} wins from {human_size(float(b))}",
-                        (float(b), 0.97),
-                        xycoords=("data", "axes fraction"),
-                        rotation=90,
-                        va="top",
-                        ha="right",
-                        fontsize=7,
-                    )
-        ax.set_title(coll)
-        ax.set_xlabel("user tensor size if fp32 (bytes)")
-        ax.set_ylabel("fp32-equivalent GB/s (incl. encode+decode)")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8)
-    _title(fig, run.metadata, "Effective fp32-equivalent bandwidth (dotted: crossover sizes)")
-    return fig
+
+    def mark_crossovers(ax: Axes, coll: str, d: pd.DataFrame) -> None:
+        if cx.empty or "crossover_bytes" not in cx.columns:
+            return
+        sel = cx[cx["collective"] == coll]
+        if payload is not None and "payload" in sel.columns:
+            sel = sel[sel["payload"].astype(str) == payload]
+        for _, r in sel.iterrows():
+            b = pd.to_numeric(r["crossover_bytes"], errors="coerce")
+            if pd.notna(b) and b > 0:
+                ax.axvline(float(b), linestyle=":", color="grey")
+                ax.annotate(
+                    f"{r['precision']} wins from {human_size(float(b))}",
+                    (float(b), 0.97),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    va="top",
+                    ha="right",
+                    fontsize=7,
+                )
+
+    return _per_collective_lines(
+        run, df, x="fp32_bytes", y="effective_gbps", xlabel="user tensor size if fp32 (bytes)",
+        ylabel="fp32-equivalent GB/s (incl. encode+decode)",
+        title="Effective fp32-equivalent bandwidth (dotted: crossover sizes)", decorate=mark_crossovers,
+    )  # fmt: skip
 
 
 def fig_latency(run: RunData) -> Figure | None:
@@ -327,22 +344,10 @@ def fig_latency(run: RunData) -> Figure | None:
     df = _speed_rows(run.results)
     if df.empty or not _has(df, "time_us"):
         return None
-    colls = _collectives(df)
-    fig, axes = _grid(len(colls))
-    cols = series_columns(df)
-    pal = _palette(df, cols)
-    for ax, coll in zip(axes, colls, strict=True):
-        d = df[df["collective"] == coll]
-        _lines(ax, d, "size_bytes", "time_us", cols, positive=True, palette=pal)
-        _log2_size_axis(ax, d["size_bytes"])
-        _log_y(ax)
-        ax.set_title(coll)
-        ax.set_xlabel("message size (bytes on the wire)")
-        ax.set_ylabel("time per op (us)")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8)
-    _title(fig, run.metadata, "Latency vs message size")
-    return fig
+    return _per_collective_lines(
+        run, df, x="size_bytes", y="time_us", xlabel="message size (bytes on the wire)",
+        ylabel="time per op (us)", title="Latency vs message size", log_y=True,
+    )  # fmt: skip
 
 
 def fig_error(run: RunData) -> Figure | None:
