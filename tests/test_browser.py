@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from commbench import report
-from tests.conftest_views import fabricate_run, real_run
+from tests.views_util import fabricate_run, real_run
 
 CHROMIUM = os.environ.get("COMMBENCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = [

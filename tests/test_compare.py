@@ -11,7 +11,7 @@ import pytest
 from commbench import compare
 from commbench.nccl_import import import_nccl_tests
 from commbench.report import fmt
-from tests.conftest_views import fabricate_run, real_run
+from tests.views_util import fabricate_run, real_run
 
 
 @pytest.fixture(scope="session")

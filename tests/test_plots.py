@@ -19,7 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from commbench import plots
-from tests.conftest_views import fabricate_run, fabricate_training, real_run
+from tests.views_util import fabricate_run, fabricate_training, real_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -14,7 +14,7 @@ import pytest
 
 from commbench import report
 from commbench.nccl_import import import_nccl_tests
-from tests.conftest_views import fabricate_run, real_run, real_training_run
+from tests.views_util import fabricate_run, real_run, real_training_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOSTILE = "<script>alert('x')</script>|`$x$`&\"n1\""
