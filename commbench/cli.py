@@ -342,6 +342,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             meta["end_time"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             writer.write_metadata(meta)
             print(f"# results: {writer.dir}")
+        # Every rank has finished its collectives and rank 0 its writes: leave together, so no rank tears
+        # down while a peer (or the rendezvous store on rank 0) is still needed.
+        d.barrier()
         if d.rank == 0 and info.launcher != "local" and not args.no_report:
             _report_after_run(Path(out))
         return 0
