@@ -127,6 +127,17 @@ def _collective_from_binary(stem: str) -> str:
     return BINARY_COLLECTIVES.get(stem, stem)
 
 
+def _resolve_collective(
+    collective: str | None, binary: str | None, fixed: dict[str, Any], type_name: str, where: str
+) -> str:
+    """The module docstring's rule: the --collective option, else the binary name, else the rows."""
+    if collective is not None:
+        return collective
+    if binary is not None:
+        return _collective_from_binary(binary)
+    return _infer_collective(fixed["size_bytes"], fixed["count"], type_name, fixed["redop"], fixed["root"], where)
+
+
 def _infer_collective(size: int, count: int, type_name: str, redop: str, root: int, where: str) -> str:
     width = NCCL_TYPES[type_name][1]
     if root >= 0:
@@ -340,14 +351,7 @@ def parse_nccl_text(text: str, collective: str | None = None) -> tuple[list[dict
         for placement, names in spans:
             group_vals.append((placement, _group_values(names, toks[pos : pos + len(names)], where)))
             pos += len(names)
-        if collective is not None:
-            coll = collective
-        elif block_binary is not None:
-            coll = _collective_from_binary(block_binary)
-        else:
-            coll = _infer_collective(
-                fixed["size_bytes"], fixed["count"], type_name, fixed["redop"], fixed["root"], where
-            )
+        coll = _resolve_collective(collective, block_binary, fixed, type_name, where)
         rows += _row_from_groups(fixed, group_vals, {"collective": coll, "block": block, "source_line": i})
     if not rows:
         raise ValueError(
@@ -469,14 +473,7 @@ def parse_nccl_json(text: str, collective: str | None = None) -> tuple[list[dict
                 group_vals.append((placement, vals))
             if not group_vals:
                 raise ValueError(f"{where}: neither 'out_of_place' nor 'in_place' results")
-            if collective is not None:
-                coll = collective
-            elif binary is not None:
-                coll = _collective_from_binary(binary)
-            else:
-                coll = _infer_collective(
-                    fixed["size_bytes"], fixed["count"], type_name, fixed["redop"], fixed["root"], where
-                )
+            coll = _resolve_collective(collective, binary, fixed, type_name, where)
             extra = {"collective": coll, "block": b, "iters": r.get("actual_iterations")}
             rows += _row_from_groups(fixed, group_vals, extra)
     if not rows:

@@ -142,9 +142,19 @@ def fsdp_units(model: nn.Module, policy: Policy, n: int) -> list[FsdpUnit]:
     return units
 
 
+def _make_scaler(policy: Policy, device: torch.device) -> Any | None:
+    """The policy's loss scaler: GradScaler, ShardedGradScaler (sharded gradients), or none."""
+    if policy.scaler == "sharded":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=device.type)
+    if policy.scaler == "grad":
+        return torch.amp.GradScaler(device.type)
+    return None
+
+
 def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: int) -> Wrapped:
     model = model.to(device)
-    scaler: Any | None = None
     if policy.wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -163,9 +173,7 @@ def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: 
             opt: Any = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
         else:
             opt = torch.optim.AdamW(params, lr=lr)
-        if policy.scaler == "grad":
-            scaler = torch.amp.GradScaler(device.type)
-        return Wrapped(ddp, opt, scaler)
+        return Wrapped(ddp, opt, _make_scaler(policy, device))
     if policy.wrapper == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -185,12 +193,7 @@ def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: 
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        if policy.scaler == "sharded":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-            scaler = ShardedGradScaler(device=device.type)
-        elif policy.scaler == "grad":
-            scaler = torch.amp.GradScaler(device.type)
+        scaler = _make_scaler(policy, device)
         return Wrapped(model, opt, scaler, fsdp_units=units)
     if policy.wrapper == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -215,12 +218,7 @@ def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: 
             mixed_precision=mp1,
         )
         opt = torch.optim.AdamW(fsdp.parameters(), lr=lr)
-        if policy.scaler == "sharded":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-            scaler = ShardedGradScaler(device=device.type)
-        elif policy.scaler == "grad":
-            scaler = torch.amp.GradScaler(device.type)
+        scaler = _make_scaler(policy, device)
         return Wrapped(fsdp, opt, scaler, fsdp_units=units)
     raise ValueError(f"unknown wrapper {policy.wrapper!r}; valid: ddp, fsdp1, fsdp2")
 
