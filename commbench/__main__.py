@@ -1,8 +1,7 @@
 """``python -m commbench``: the only place that turns errors into exit codes."""
 
-import sys
-
 from commbench.cli import main
+from commbench.launch import exit_process
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

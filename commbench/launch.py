@@ -9,6 +9,8 @@ that stops responding is named once the others time out, and no child outlives t
 from __future__ import annotations
 
 import datetime as _dt
+import gc
+import logging
 import os
 import re
 import signal
@@ -18,6 +20,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -96,7 +99,9 @@ def detect_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
         if f"{prefix}RANK" in env and _int(env, f"{prefix}SIZE", 1) > 1:
             addr = env.get("MASTER_ADDR")
             if not addr:
-                raise ValueError("MPI world detected but MASTER_ADDR is not set: export MASTER_ADDR (rank 0's host) and MASTER_PORT")
+                raise ValueError(
+                    "MPI world detected but MASTER_ADDR is not set: export MASTER_ADDR (rank 0's host) and MASTER_PORT"
+                )
             return WorldInfo(
                 rank=_int(env, f"{prefix}RANK"),
                 world_size=_int(env, f"{prefix}SIZE"),
@@ -125,7 +130,9 @@ def resolve_backend(requested: str, local_rank: int, local_world_size: int) -> s
     if requested == "auto":
         return "nccl" if gpus >= local_world_size else "gloo"
     if requested == "nccl" and local_rank >= gpus:
-        raise ValueError(f"backend 'nccl' needs a GPU per rank: this node has {gpus} GPU(s) for {local_world_size} rank(s); use --backend gloo or auto")
+        raise ValueError(
+            f"backend 'nccl' needs a GPU per rank: this node has {gpus} GPU(s) for {local_world_size} rank(s); use --backend gloo or auto"
+        )
     return requested
 
 
@@ -209,6 +216,8 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
         device = torch.device("cpu")
     os.environ.setdefault("MASTER_ADDR", info.master_addr)
     os.environ.setdefault("MASTER_PORT", str(info.master_port))
+    global _joined_world
+    _joined_world = True
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{info.master_addr}:{info.master_port}",
@@ -230,12 +239,40 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
     )
 
 
+_joined_world = False
+
+
 def shutdown_world() -> None:
     if dist.is_initialized():
+        # DDP/FSDP objects and futures that are only garbage by now still hold the process group; collect them
+        # so that destroying it can stop its worker threads.
+        gc.collect()
         try:
             dist.destroy_process_group()
         except Exception as e:  # results are on disk by now; a teardown hiccup must not turn into a failed run
             print(f"commbench: warning: process group teardown: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def exit_process(code: int) -> NoReturn:
+    """End ``python -m commbench`` with ``code``; a process that joined a world skips interpreter finalization.
+
+    When anything still references a gloo process group (a DDP reducer, a pending future's callback),
+    ``destroy_process_group`` cannot join its worker threads. Such a thread that drops its last Python
+    reference while the interpreter finalizes is unwound by ``pthread_exit`` through C++ ``noexcept``
+    code: "terminate called without an active exception", SIGABRT, and a finished run that reports a
+    dead rank; ``benchmarks/stress_teardown.py`` reproduces it side by side with this path. Every result is
+    on disk and the group destroyed by the time this runs, so flush the standard streams and leave with
+    ``os._exit``.
+    """
+    if not _joined_world:
+        sys.exit(code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def free_port() -> int:
