@@ -61,6 +61,9 @@ def _worker(
         results.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
+            import gc
+
+            gc.collect()  # release DDP/FSDP garbage that still holds the group, so destroying it joins gloo's threads
             dist.destroy_process_group()
 
 
