@@ -203,6 +203,10 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+_joined_world = False
+"""Set once this process has joined a world; :func:`exit_process` reads it."""
+
+
 def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
     """Initialise torch.distributed for ``info`` (env:// rendezvous) with collective timeout ``timeout_s``."""
     backend = resolve_backend(backend, info.local_rank, info.local_world_size)
@@ -237,9 +241,6 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
         hosts=tuple(str(h) for h in hosts),
         threads=torch.get_num_threads(),
     )
-
-
-_joined_world = False
 
 
 def shutdown_world() -> None:
