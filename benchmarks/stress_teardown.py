@@ -72,16 +72,12 @@ def worker(mode: str) -> None:
 
 def run_world(mode: str, nproc: int = 2, timeout_s: float = 120.0) -> list[tuple[int, str]]:
     """Run one world of ``nproc`` ranks exiting by ``mode``; (exit code, stderr tail) per rank."""
-    from commbench.launch import free_port
+    from commbench.launch import free_port, local_rank_env
 
     port = free_port()
     procs = []
     for r in range(nproc):
-        env = {
-            **os.environ,
-            "RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(nproc),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-        }  # fmt: skip
+        env = {**os.environ, **local_rank_env(r, nproc, port, threads=1)}
         cmd = [sys.executable, __file__, "--worker", mode]
         procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     out = []

@@ -309,6 +309,19 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def local_rank_env(rank: int, nproc: int, port: int, threads: int) -> dict[str, str]:
+    """torchrun's variables for local rank ``rank`` of ``nproc`` on 127.0.0.1:``port``, ``threads`` cores each."""
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "OMP_NUM_THREADS": str(threads),
+    }
+
+
 def spawn_local(argv: Sequence[str], nproc: int, timeout_s: float, grace_s: float = 5.0) -> None:
     """Run ``python -m commbench ARGV`` as ``nproc`` local ranks on 127.0.0.1 and supervise them.
 
@@ -318,19 +331,10 @@ def spawn_local(argv: Sequence[str], nproc: int, timeout_s: float, grace_s: floa
     port = free_port()
     threads = max(1, (os.cpu_count() or 1) // nproc)
     procs: list[subprocess.Popen[bytes]] = []
-    base = dict(os.environ)
-    base.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        WORLD_SIZE=str(nproc),
-        LOCAL_WORLD_SIZE=str(nproc),
-        OMP_NUM_THREADS=str(threads),
-        COMMBENCH_LAUNCHER="local",
-        COMMBENCH_PARENT_PID=str(os.getpid()),
-    )
+    ours = {"COMMBENCH_LAUNCHER": "local", "COMMBENCH_PARENT_PID": str(os.getpid())}
     try:
         for rank in range(nproc):
-            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            env = {**os.environ, **local_rank_env(rank, nproc, port, threads), **ours}
             procs.append(subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env))
         _supervise(procs, timeout_s, grace_s)
     finally:
