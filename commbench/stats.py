@@ -1,0 +1,146 @@
+"""Uncertainty: confidence intervals of a point's time, of paired ratios, and when a difference is significant.
+
+Pure functions over floats (no torch, no pandas), so views and the sweep share them.
+
+Method (documented in the README, "Uncertainty"):
+
+* A **sample** is the per-op time of k back-to-back ops started together after a barrier. The ranks' values of one
+  sample are not independent (they time the same collective calls), so they are first combined into one value per
+  sample (the mean over ranks, nccl-tests' ``-a`` convention); successive samples are treated as independent.
+* The **centre** is the median of those per-sample values and its 95 % interval is the distribution-free
+  order-statistic interval of the median (binomial; e.g. Hollander & Wolfe, *Nonparametric Statistical Methods*,
+  §3.6): no normality assumption, no random resampling, so the same samples always give the same interval.
+  With fewer than 6 samples no 95 % interval exists; the widest one (min, max) is returned with its lower coverage.
+* A **paired ratio** (precision vs fp32 at the same size, sampled in alternating rounds) is the median of the
+  per-round ratios with the same interval: slow drift of a shared machine lands on both sides of each pair.
+* An **unpaired ratio** (run B vs run A) combines the two intervals in log space (delta method: independent,
+  roughly log-normal errors).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Z95 = 1.959963984540054
+"""Two-sided 95 % standard-normal quantile."""
+
+MIN_SAMPLES_95 = 6
+"""Fewest samples whose order-statistic interval of the median reaches 95 % coverage (1 - 2 * 0.5**6 = 0.969)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A centre with its confidence interval."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    """Number of samples (or pairs) behind it."""
+    coverage: float = 0.95
+    """Actual coverage of [low, high] (order-statistic intervals are conservative: at least the target)."""
+
+    @property
+    def rel_half_width(self) -> float:
+        """Half the interval's width relative to the centre (0.02 = ±2 %)."""
+        if not (self.value > 0 and math.isfinite(self.low) and math.isfinite(self.high)):
+            return math.inf
+        return (self.high - self.low) / 2.0 / self.value
+
+    def excludes(self, x: float) -> bool:
+        """True when the interval lies entirely on one side of ``x``."""
+        return self.low > x or self.high < x
+
+
+def _binom_cdf_half(n: int, k: int) -> float:
+    """P(Binomial(n, 1/2) <= k)."""
+    if k < 0:
+        return 0.0
+    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2.0**n
+
+
+def median_rank_bounds(n: int, confidence: float = 0.95) -> tuple[int, int, float]:
+    """1-based ranks (l, u) of the order statistics bounding the median's interval, and its coverage.
+
+    The largest l with P(B <= l - 1) <= alpha/2 for B ~ Binomial(n, 1/2); u = n + 1 - l; coverage
+    1 - 2 P(B <= l - 1). For n = 10: (2, 9, 0.979); n = 20: (6, 15, 0.959) (standard tables).
+    """
+    if n < 1:
+        raise ValueError("median_rank_bounds needs at least one sample")
+    alpha = 1.0 - confidence
+    lo = 1
+    while lo + 1 <= (n + 1) // 2 and _binom_cdf_half(n, lo) <= alpha / 2:
+        lo += 1
+    return lo, n + 1 - lo, 1.0 - 2.0 * _binom_cdf_half(n, lo - 1)
+
+
+def median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return math.nan
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def median_ci(values: Sequence[float], confidence: float = 0.95) -> Estimate:
+    """Median of ``values`` with its distribution-free order-statistic confidence interval."""
+    s = sorted(v for v in values if not math.isnan(v))
+    if not s:
+        return Estimate(math.nan, math.nan, math.nan, 0, 0.0)
+    lo, hi, cov = median_rank_bounds(len(s), confidence)
+    return Estimate(median(s), s[lo - 1], s[hi - 1], len(s), cov)
+
+
+def per_sample_across_ranks(per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """One value per sample: the mean over ranks of that sample (ranks time the same calls together)."""
+    if not per_rank:
+        return []
+    n = min(len(r) for r in per_rank)
+    return [sum(r[i] for r in per_rank) / len(per_rank) for i in range(n)]
+
+
+def paired_ratio_ci(num: Sequence[float], den: Sequence[float], confidence: float = 0.95) -> Estimate:
+    """Median of the per-pair ratios ``num[i] / den[i]`` with its interval (pairs measured in the same round)."""
+    ratios = [a / b for a, b in zip(num, den, strict=False) if b > 0 and math.isfinite(a) and math.isfinite(b)]
+    return median_ci(ratios, confidence)
+
+
+def ratio_of(a: Estimate, b: Estimate) -> Estimate:
+    """``a / b`` for independent estimates, interval combined in log space (delta method)."""
+    if not (a.value > 0 and b.value > 0 and a.low > 0 and b.low > 0):
+        return Estimate(math.nan, math.nan, math.nan, min(a.n, b.n), 0.0)
+    se_a = (math.log(a.high) - math.log(a.low)) / (2 * Z95)
+    se_b = (math.log(b.high) - math.log(b.low)) / (2 * Z95)
+    r = math.log(a.value) - math.log(b.value)
+    se = math.hypot(se_a, se_b)
+    return Estimate(math.exp(r), math.exp(r - Z95 * se), math.exp(r + Z95 * se), min(a.n, b.n))
+
+
+def invert(e: Estimate) -> Estimate:
+    """``1 / e`` (a time ratio as a speed ratio): the interval's ends swap."""
+    if not (e.low > 0):
+        return Estimate(math.nan, math.nan, math.nan, e.n, e.coverage)
+    return Estimate(1.0 / e.value, 1.0 / e.high, 1.0 / e.low, e.n, e.coverage)
+
+
+def significant(ratio: Estimate, min_effect: float = 0.0) -> bool:
+    """A ratio is significant when its interval excludes 1 and, with ``min_effect`` > 0, also excludes
+    [1 / (1 + min_effect), 1 + min_effect] (a practical threshold for run-to-run noise)."""
+    if not (math.isfinite(ratio.low) and math.isfinite(ratio.high)):
+        return False
+    return ratio.low > 1.0 + min_effect or ratio.high < 1.0 / (1.0 + min_effect)
+
+
+def geometric_mean_ci(ratios: Sequence[Estimate]) -> Estimate:
+    """Geometric mean of ratios with a log-space interval (each ratio's error treated as independent)."""
+    ok = [r for r in ratios if r.value > 0 and r.low > 0 and math.isfinite(r.high)]
+    if not ok:
+        return Estimate(math.nan, math.nan, math.nan, 0, 0.0)
+    logs = [math.log(r.value) for r in ok]
+    ses = [(math.log(r.high) - math.log(r.low)) / (2 * Z95) for r in ok]
+    m = sum(logs) / len(ok)
+    se = math.sqrt(sum(s * s for s in ses)) / len(ok)
+    return Estimate(math.exp(m), math.exp(m - Z95 * se), math.exp(m + Z95 * se), len(ok))
