@@ -99,6 +99,126 @@ def measure(
     return Measurement(samples=tuple(samples), iters=k)
 
 
+@dataclass(frozen=True, slots=True)
+class Rounds:
+    """Interleaved samples of several contenders (e.g. the precisions of one size), each with its phases.
+
+    ``samples[c][p][r]`` holds rank ``r``'s per-op seconds of phase ``p`` of contender ``c``, one value per
+    round (every rank receives every rank's values, so every rank takes the same stopping decision).
+    """
+
+    iters: tuple[tuple[int, ...], ...]
+    """k (back-to-back ops per sample) of each contender's phases."""
+    samples: tuple[tuple[tuple[tuple[float, ...], ...], ...], ...]
+    rounds: int
+    converged: bool
+    """True when every contender's total time reached the target interval half-width."""
+    elapsed_s: float
+    """Seconds spent sampling (slowest rank), calibration excluded."""
+
+    def per_sample_total(self, c: int) -> list[float]:
+        """Contender ``c``'s total per-op seconds (its phases summed) per round, each the mean over ranks."""
+        phases = self.samples[c]
+        n_ranks = len(phases[0])
+        return [
+            sum(sum(phase[r][i] for r in range(n_ranks)) / n_ranks for phase in phases) for i in range(self.rounds)
+        ]
+
+    def per_sample(self, c: int, p: int) -> list[float]:
+        """Phase ``p`` of contender ``c`` per round, the mean over ranks."""
+        phase = self.samples[c][p]
+        return [sum(r[i] for r in phase) / len(phase) for i in range(self.rounds)]
+
+
+def measure_rounds(
+    contenders: Sequence[Sequence[Callable[[], None]]],
+    *,
+    warmup: int,
+    min_time_s: float,
+    min_iters: int,
+    max_iters: int,
+    min_rounds: int,
+    max_rounds: int,
+    target_rel_ci: float,
+    budget_s: float,
+    gather: Callable[[list[float]], list[list[float]]] = lambda v: [v],
+    sync: Callable[[], None] = _noop,
+    clock: Clock = time.perf_counter,
+    agree: Callable[[float], float] = _identity,
+    barrier: Callable[[], None] = _noop,
+    ci: Callable[[Sequence[float]], float] | None = None,
+) -> Rounds:
+    """Sample contenders in alternating rounds until each one's total time is precise enough.
+
+    Each contender is a list of phases (encode, comm, decode; a native precision has only comm). After warm-up
+    and calibration of each phase (k from ``min_time_s``, at least ``min_iters``), every round takes one sample
+    of every phase of every contender, rotating the contender order so none always goes first. Rounds go on
+    until, after ``min_rounds``, the relative half-width of every contender's total-time interval (``ci``,
+    default the median's order-statistic interval) is at most ``target_rel_ci``, or ``budget_s`` or
+    ``max_rounds`` is spent. Values are exchanged with ``gather`` after each round and the elapsed time
+    with ``agree``, so every rank stops after the same round.
+    """
+    if ci is None:
+        from commbench.stats import median_ci
+
+        def ci(xs: Sequence[float]) -> float:
+            return median_ci(xs).rel_half_width
+
+    for phases in contenders:
+        for fn in phases:
+            for _ in range(warmup):
+                fn()
+    sync()
+    iters = tuple(
+        tuple(
+            min(max_iters, max(min_iters, calibrate(
+                fn, min_time_s=min_time_s, max_iters=max_iters, sync=sync, clock=clock, agree=agree, barrier=barrier
+            )))
+            for fn in phases
+        )
+        for phases in contenders
+    )  # fmt: skip
+    shape = [len(p) for p in contenders]
+    acc: list[list[list[list[float]]]] | None = None  # [c][p][rank][round]
+    t0 = clock()
+    rounds = 0
+    converged = False
+    elapsed = 0.0
+    while True:
+        values = [[0.0] * n for n in shape]
+        for j in range(len(contenders)):
+            c = (j + rounds) % len(contenders)
+            for p, fn in enumerate(contenders[c]):
+                barrier()
+                values[c][p] = run_sample(fn, iters[c][p], sync=sync, clock=clock) / iters[c][p]
+        rounds += 1
+        flat = [v for row in values for v in row] + [clock() - t0]
+        per_rank = gather(flat)
+        elapsed = max(r[-1] for r in per_rank)
+        if acc is None:
+            acc = [[[[] for _ in per_rank] for _ in range(n)] for n in shape]
+        for r, vals in enumerate(per_rank):
+            i = 0
+            for c, n in enumerate(shape):
+                for p in range(n):
+                    acc[c][p][r].append(vals[i])
+                    i += 1
+        if rounds >= min_rounds:
+            result = _rounds(iters, acc, rounds, False, elapsed)
+            converged = all(ci(result.per_sample_total(c)) <= target_rel_ci for c in range(len(contenders)))
+            if converged or elapsed >= budget_s or rounds >= max_rounds:
+                break
+    assert acc is not None
+    return _rounds(iters, acc, rounds, converged, elapsed)
+
+
+def _rounds(
+    iters: tuple[tuple[int, ...], ...], acc: list[list[list[list[float]]]], rounds: int, converged: bool, elapsed: float
+) -> Rounds:
+    samples = tuple(tuple(tuple(tuple(r) for r in phase) for phase in c) for c in acc)
+    return Rounds(iters=iters, samples=samples, rounds=rounds, converged=converged, elapsed_s=elapsed)
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default 'linear' method), ``q`` in [0, 100]."""
     if not values:

@@ -65,3 +65,77 @@ def test_sync_called_once_per_sample() -> None:
     syncs = itertools.count()
     measure(c.op, warmup=1, min_time_s=1e-3, repeats=5, max_iters=10, clock=c, sync=lambda: next(syncs), iters=2)
     assert next(syncs) == 1 + 5  # one after warm-up, one per sample
+
+
+# --- interleaved rounds (measure_rounds) ----------------------------------------------------------------------
+
+
+def _rounds(clock: FakeClock, contenders, **kw):  # type: ignore[no-untyped-def]
+    from commbench.timing import measure_rounds
+
+    args = dict(
+        warmup=1, min_time_s=0.01, min_iters=1, max_iters=1000, min_rounds=6, max_rounds=50,
+        target_rel_ci=0.02, budget_s=1e9, clock=clock,
+    )  # fmt: skip
+    args.update(kw)
+    return measure_rounds(contenders, **args)
+
+
+def test_rounds_stop_at_min_rounds_when_noise_free_and_time_each_phase() -> None:
+    c = FakeClock(0.0)
+
+    def op(dt: float):  # type: ignore[no-untyped-def]
+        def f() -> None:
+            c.t += dt
+
+        return f
+
+    r = _rounds(c, [[op(1e-3)], [op(2e-4), op(5e-4), op(1e-4)]])
+    assert r.rounds == 6 and r.converged
+    assert r.per_sample_total(0) == pytest.approx([1e-3] * 6)
+    assert r.per_sample_total(1) == pytest.approx([8e-4] * 6)
+    assert r.per_sample(1, 1) == pytest.approx([5e-4] * 6)
+    assert r.iters[0][0] * 1e-3 >= 0.01 and r.iters[1][2] * 1e-4 >= 0.01
+
+
+def test_rounds_rotate_the_order_and_pair_drift() -> None:
+    # A machine that slows down round after round: both contenders see the same drift within a round.
+    c = FakeClock(0.0)
+    order: list[str] = []
+    slow = [1.0]
+
+    def op(name: str, dt: float):  # type: ignore[no-untyped-def]
+        def f() -> None:
+            order.append(name)
+            c.t += dt * slow[0]
+
+        return f
+
+    def gather(v: list[float]) -> list[list[float]]:
+        slow[0] *= 1.5  # drift between rounds
+        return [v]
+
+    r = _rounds(c, [[op("a", 1e-3)], [op("b", 2e-3)]], warmup=0, min_iters=10, min_time_s=1e-6, gather=gather,
+                max_rounds=8, target_rel_ci=1e-9)  # fmt: skip
+    timed = order[-8 * 20 :]
+    firsts = [timed[i * 20] for i in range(8)]
+    assert firsts == ["a", "b"] * 4
+    from commbench.stats import paired_ratio_ci
+
+    e = paired_ratio_ci(r.per_sample_total(1), r.per_sample_total(0))
+    assert e.value == pytest.approx(2.0) and e.low == pytest.approx(2.0) and e.high == pytest.approx(2.0)
+    assert not r.converged and r.rounds == 8  # drift keeps each side's own interval wide
+
+
+def test_rounds_stop_on_budget_as_the_slowest_rank_sees_it() -> None:
+    c = FakeClock(1e-3)
+    # the other rank reports 100 s elapsed: every rank must stop after the same (first allowed) round
+    r = _rounds(c, [[c.op]], gather=lambda v: [v, v[:-1] + [100.0]], budget_s=5.0, target_rel_ci=0.0)
+    assert r.rounds == 6 and not r.converged and r.elapsed_s == 100.0
+    assert len(r.samples[0][0]) == 2 and len(r.samples[0][0][1]) == 6
+
+
+def test_rounds_respect_min_iters() -> None:
+    c = FakeClock(1.0)
+    r = _rounds(c, [[c.op]], min_iters=20, min_time_s=1e-3, min_rounds=2, max_rounds=2)
+    assert r.iters == ((20,),)
