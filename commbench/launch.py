@@ -222,14 +222,36 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
     os.environ.setdefault("MASTER_PORT", str(info.master_port))
     global _joined_world
     _joined_world = True
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{info.master_addr}:{info.master_port}",
-        rank=info.rank,
-        world_size=info.world_size,
-        timeout=_dt.timedelta(seconds=timeout_s),
-        device_id=device if backend == "nccl" else None,
-    )
+    timeout = _dt.timedelta(seconds=timeout_s)
+    store_fd = os.environ.get(STORE_FD_ENV)
+    if store_fd is not None:
+        # A local spawn: the supervisor bound the rendezvous socket on loopback and handed it to rank 0, so the
+        # store listens on 127.0.0.1 only and no other process can take the port between choice and use.
+        store = dist.TCPStore(
+            info.master_addr,
+            info.master_port,
+            info.world_size,
+            info.rank == 0,
+            timeout,
+            master_listen_fd=int(store_fd) if store_fd else None,
+        )
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=timeout,
+            device_id=device if backend == "nccl" else None,
+        )
+    else:
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{info.master_addr}:{info.master_port}",
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=timeout,
+            device_id=device if backend == "nccl" else None,
+        )
     host = socket.gethostname()
     hosts: list[str | None] = [None] * info.world_size
     dist.all_gather_object(hosts, host)
@@ -276,10 +298,38 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+STORE_FD_ENV = "COMMBENCH_STORE_FD"
+"""Set on every rank of a local spawn: rank 0's value is the inherited, already-listening rendezvous socket."""
+
+LOCAL_NPROC_MAX_PER_CORE = 4
+"""A local spawn refuses more than this many ranks per core (at least 16 in all): each rank is a Python process
+with torch loaded (hundreds of MB), and far more ranks than cores only measures the scheduler."""
+
+
+def check_local_nproc(nproc: int, cores: int | None = None) -> None:
+    """Refuse a local world too large for this machine, naming the bound."""
+    cores = cores or os.cpu_count() or 1
+    bound = max(16, LOCAL_NPROC_MAX_PER_CORE * cores)
+    if nproc > bound:
+        raise ValueError(
+            f"--nproc {nproc} is more local ranks than this machine can run ({cores} cores: at most {bound}, "
+            f"{LOCAL_NPROC_MAX_PER_CORE} per core); use torchrun/Slurm/MPI across nodes for larger worlds"
+        )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def loopback_listener() -> socket.socket:
+    """A TCP socket listening on 127.0.0.1 on a free port, inheritable by a child process."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1024)
+    s.set_inheritable(True)
+    return s
 
 
 def set_parent_death_signal() -> None:
@@ -319,6 +369,8 @@ def local_rank_env(rank: int, nproc: int, port: int, threads: int) -> dict[str, 
         "WORLD_SIZE": str(nproc),
         "LOCAL_WORLD_SIZE": str(nproc),
         "OMP_NUM_THREADS": str(threads),
+        # gloo listens on the interface of this name: loopback, like the store (a user's choice wins)
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
     }
 
 
@@ -328,16 +380,23 @@ def spawn_local(argv: Sequence[str], nproc: int, timeout_s: float, grace_s: floa
     Returns when every rank exited 0; raises :class:`RankFailure` naming the culprit otherwise. Each rank gets
     an equal share of the cores (``OMP_NUM_THREADS``), as torchrun would set it.
     """
-    port = free_port()
+    check_local_nproc(nproc)
+    listener = loopback_listener()
+    port = int(listener.getsockname()[1])
     threads = max(1, (os.cpu_count() or 1) // nproc)
     procs: list[subprocess.Popen[bytes]] = []
     ours = {"COMMBENCH_LAUNCHER": "local", "COMMBENCH_PARENT_PID": str(os.getpid())}
     try:
         for rank in range(nproc):
             env = {**os.environ, **local_rank_env(rank, nproc, port, threads), **ours}
-            procs.append(subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env))
+            # every rank builds the store the same way; only rank 0 receives the listening socket ("" elsewhere)
+            env[STORE_FD_ENV] = str(listener.fileno()) if rank == 0 else ""
+            fds: tuple[int, ...] = (listener.fileno(),) if rank == 0 else ()
+            procs.append(subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env, pass_fds=fds))
+        listener.close()  # rank 0 owns it now
         _supervise(procs, timeout_s, grace_s)
     finally:
+        listener.close()
         _terminate(procs)
 
 
