@@ -154,6 +154,11 @@ class Scaling(ABC):
     def describe(self) -> str:
         return "one scale per tensor"
 
+    @property
+    def option(self) -> str:
+        """The canonical option text after a precision's colon ('' for the default, tensor scaling)."""
+        return ""
+
 
 class TensorScaling(Scaling):
     name = "tensor"
@@ -197,6 +202,10 @@ class BlockScaling(Scaling):
     def describe(self) -> str:
         return f"one scale per {self.block} elements"
 
+    @property
+    def option(self) -> str:
+        return f"block{self.block}"
+
 
 class NoScaling(Scaling):
     name = "none"
@@ -214,6 +223,10 @@ class NoScaling(Scaling):
 
     def describe(self) -> str:
         return "no scaling"
+
+    @property
+    def option(self) -> str:
+        return "none"
 
 
 _SCALINGS: dict[str, type[Scaling]] = {c.name: c for c in (TensorScaling, BlockScaling, NoScaling)}
