@@ -12,15 +12,26 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from commbench.codec import Codec
+    from commbench.precision import PointOp
+
 # torch >= 2.10 renamed the tensor-in/tensor-out collectives (*_single) and deprecates the old names; resolve
 # once so every torch >= 2.4 works without a warning per call.
-all_gather_tensor: Callable[..., Any] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter_tensor: Callable[..., Any] = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# Looked up per call, not once, so a CommCounter (training/comm.py) installed later still sees the calls.
+def all_gather_tensor(*args: Any, **kwargs: Any) -> Any:
+    fn: Callable[..., Any] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(*args, **kwargs)
+
+
+def reduce_scatter_tensor(*args: Any, **kwargs: Any) -> Any:
+    fn: Callable[..., Any] = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(*args, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +54,22 @@ class Collective(ABC):
     """nccl-tests' ``redop`` column: ``sum`` for reductions, ``none`` otherwise."""
     reduces: ClassVar[bool]
     """True when the output is a sum over ranks (the reduction happens in the wire dtype)."""
+    nccl_tests_name: ClassVar[str]
+    """The nccl-tests binary that measures it (``all_reduce_perf``)."""
+    size_convention: ClassVar[str]
+    """What nccl-tests' ``size`` counts, in words."""
+    bus_factor_formula: ClassVar[str]
+    """:meth:`bus_factor` in words (for ``commbench list``)."""
+    order: ClassVar[int]
+    """Display order (tables, ``list``)."""
+    chunked_encodings: ClassVar[int] = 1
+    """How many times the chunked low-precision algorithm encodes a value on its way (the error bound's
+    ``quantisations``): all_reduce re-encodes the partial sums, so 2."""
+
+    @property
+    def description(self) -> str:
+        """One line for ``commbench list``: size definition; busbw factor."""
+        return f"{self.size_convention}; {self.bus_factor_formula}"
 
     @abstractmethod
     def bus_factor(self, n: int) -> float:
@@ -57,8 +84,11 @@ class Collective(ABC):
         """Per-rank input/output element counts for a size of ``total`` elements (already rounded)."""
 
     @abstractmethod
-    def run(self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
-        """Run natively on tensors of the wire dtype (``out`` may be ``inp`` for in-place collectives)."""
+    def run(
+        self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
+    ) -> Any:
+        """Run natively on tensors of the wire dtype (``out`` may be ``inp`` for in-place collectives); with
+        ``async_op`` returns the torch ``Work`` handle, else None."""
 
     @abstractmethod
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
@@ -67,11 +97,30 @@ class Collective(ABC):
     def out_of_place(self) -> bool:
         return True
 
+    def reduced_offset(self, rank: int, layout: Layout) -> int:
+        """Index, in the summed vector, of this rank's first output element (reduce_scatter: its slice)."""
+        return 0
+
+    def supports_chunked(self) -> bool:
+        """Whether the chunked codec algorithm (:mod:`commbench.chunked`) implements this collective."""
+        return False
+
+    def chunked_op(
+        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        """The chunked codec algorithm for this collective (encode per chunk, exchange, decode)."""
+        raise ValueError(f"the chunked codec algorithm does not implement {self.name!r}")
+
 
 class AllReduce(Collective):
     name = "all_reduce"
     redop = "sum"
     reduces = True
+    nccl_tests_name = "all_reduce_perf"
+    size_convention = "buffer"
+    bus_factor_formula = "2(n-1)/n"
+    order = 0
+    chunked_encodings = 2
 
     def bus_factor(self, n: int) -> float:
         return 2.0 * (n - 1) / n
@@ -82,9 +131,11 @@ class AllReduce(Collective):
     def layout(self, total: int, n: int) -> Layout:
         return Layout(total=total, input_numel=total, output_numel=total, count=total)
 
-    def run(self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
+    def run(
+        self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
+    ) -> Any:
         # torch's all_reduce is in place; the op object passes the same tensor as inp and out.
-        dist.all_reduce(out, group=group)
+        return dist.all_reduce(out, group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
         return torch.stack(inputs).sum(dim=0)
@@ -92,11 +143,25 @@ class AllReduce(Collective):
     def out_of_place(self) -> bool:
         return False
 
+    def supports_chunked(self) -> bool:
+        return True
+
+    def chunked_op(
+        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        from commbench import chunked  # the algorithm builds on these collectives: imported at use
+
+        return chunked.ChunkedAllReduce(codec, layout.input_numel, group, device)
+
 
 class AllGather(Collective):
     name = "all_gather"
     redop = "none"
     reduces = False
+    nccl_tests_name = "all_gather_perf"
+    size_convention = "total output"
+    bus_factor_formula = "(n-1)/n"
+    order = 1
 
     def bus_factor(self, n: int) -> float:
         return (n - 1) / n
@@ -104,17 +169,33 @@ class AllGather(Collective):
     def layout(self, total: int, n: int) -> Layout:
         return Layout(total=total, input_numel=total // n, output_numel=total, count=total // n)
 
-    def run(self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
-        all_gather_tensor(out, inp, group=group)
+    def run(
+        self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
+    ) -> Any:
+        return all_gather_tensor(out, inp, group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
         return torch.cat(inputs)
+
+    def supports_chunked(self) -> bool:
+        return True
+
+    def chunked_op(
+        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        from commbench import chunked  # the algorithm builds on these collectives: imported at use
+
+        return chunked.ChunkedAllGather(codec, layout.input_numel, group, device)
 
 
 class ReduceScatter(Collective):
     name = "reduce_scatter"
     redop = "sum"
     reduces = True
+    nccl_tests_name = "reduce_scatter_perf"
+    size_convention = "total input"
+    bus_factor_formula = "(n-1)/n"
+    order = 2
 
     def bus_factor(self, n: int) -> float:
         return (n - 1) / n
@@ -122,18 +203,37 @@ class ReduceScatter(Collective):
     def layout(self, total: int, n: int) -> Layout:
         return Layout(total=total, input_numel=total, output_numel=total // n, count=total // n)
 
-    def run(self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
-        reduce_scatter_tensor(out, inp, group=group)
+    def run(
+        self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
+    ) -> Any:
+        return reduce_scatter_tensor(out, inp, group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
         m = inputs[0].numel() // len(inputs)
         return torch.stack([x[rank * m : (rank + 1) * m] for x in inputs]).sum(dim=0)
+
+    def supports_chunked(self) -> bool:
+        return True
+
+    def chunked_op(
+        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        from commbench import chunked  # the algorithm builds on these collectives: imported at use
+
+        return chunked.ChunkedReduceScatter(codec, layout.input_numel, group, device)
+
+    def reduced_offset(self, rank: int, layout: Layout) -> int:
+        return rank * layout.output_numel
 
 
 class AllToAll(Collective):
     name = "all_to_all"
     redop = "none"
     reduces = False
+    nccl_tests_name = "alltoall_perf"
+    size_convention = "per-rank buffer"
+    bus_factor_formula = "(n-1)/n"
+    order = 3
 
     def bus_factor(self, n: int) -> float:
         return (n - 1) / n
@@ -141,15 +241,41 @@ class AllToAll(Collective):
     def layout(self, total: int, n: int) -> Layout:
         return Layout(total=total, input_numel=total, output_numel=total, count=total // n)
 
-    def run(self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
-        dist.all_to_all_single(out, inp, group=group)
+    def run(
+        self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
+    ) -> Any:
+        return dist.all_to_all_single(out, inp, group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
         m = inputs[0].numel() // len(inputs)
         return torch.cat([x[rank * m : (rank + 1) * m] for x in inputs])
 
+    def supports_chunked(self) -> bool:
+        return True
 
-COLLECTIVES: dict[str, Collective] = {c.name: c for c in (AllReduce(), AllGather(), ReduceScatter(), AllToAll())}
+    def chunked_op(
+        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        from commbench import chunked  # the algorithm builds on these collectives: imported at use
+
+        return chunked.ChunkedAllToAll(codec, layout.input_numel, group, device)
+
+
+COLLECTIVES: dict[str, Collective] = {}
+"""Registered collectives by name, in display order."""
+
+
+def register_collective(collective: Collective) -> Collective:
+    """Add ``collective`` to the registry (kept in ``order``); returns it so a module can keep a handle."""
+    COLLECTIVES[collective.name] = collective
+    ordered = sorted(COLLECTIVES.values(), key=lambda c: c.order)
+    COLLECTIVES.clear()
+    COLLECTIVES.update((c.name, c) for c in ordered)
+    return collective
+
+
+for _c in (AllReduce(), AllGather(), ReduceScatter(), AllToAll()):
+    register_collective(_c)
 
 
 def get_collective(name: str) -> Collective:

@@ -60,7 +60,7 @@ class Precision(ABC):
     name: str
     impl: str
     """How the bytes move: ``native`` (collective in the user's dtype), ``cast`` (fp32 cast for the wire),
-    ``fp8_bytes`` (quantised, moved as uint8), ``fp8_native``."""
+    ``fp8_bytes`` (a codec's bytes through :mod:`commbench.chunked`), ``fp8_native``."""
     input_dtype: torch.dtype
     """dtype of the user's tensor (what ``load`` receives)."""
     wire_dtype: torch.dtype
@@ -201,7 +201,8 @@ register_precision(
 
 
 def _load_plugins() -> None:
-    # FP8 codecs register themselves on import; imported lazily so a broken optional module names itself.
+    # Codecs (fp8) register themselves and their precisions on import; imported lazily because they build on
+    # this module, and so a broken optional module names itself.
     try:
         import commbench.fp8_ops  # noqa: F401
     except ModuleNotFoundError as e:

@@ -248,7 +248,8 @@ def test_precision_names_and_options() -> None:
         ("fp8_e5m2:none", "fp8_e5m2:none", "none", 128),
     ]:
         p = get_precision(name)
-        assert (p.name, p.scaling, p.block, p.impl, p.nccl_type) == (canon, scaling, block, "fp8_bytes", "uint8")  # type: ignore[attr-defined]
+        codec = p.codec  # type: ignore[attr-defined]
+        assert (p.name, codec.scaling.name, codec.block, p.impl, p.nccl_type) == (canon, scaling, block, "fp8_bytes", "uint8")
         assert p.input_dtype == torch.float32
     for bad in ("fp8_e4m3:block0", "fp8_e4m3:blockx", "fp8_e4m3:row", "fp8_e5m2:block-4"):
         with pytest.raises(ValueError, match="valid options"):

@@ -20,7 +20,6 @@ import torch.nn as nn
 
 from commbench.training import bf16_vs_fp16, gain_table, list_policies, validate_training_section
 from commbench.training.comm import CommCounter, bus_factor
-from commbench.training.hooks import _fallback_dequantize, _fallback_quantize
 from commbench.training.memory import analytic_model_state_bytes
 from commbench.training.models import build_model
 from commbench.training.pitfalls import (
@@ -213,16 +212,6 @@ def test_fsdp_unit_shards_padded_per_wrapper() -> None:
     # FSDP2 pads dim 0 of each parameter: weight (5,5) -> 2 rows of 5, bias (5,) -> 2
     assert [u.shard_numel for u in f2] == [2 * 5 + 2, 2 * 5 + 2, (2 * 5 + 2) + (1 * 5 + 1)]
     assert all(u.param_dtype == torch.bfloat16 for u in f2)
-
-
-def test_fallback_fp8_matches_torch_cast() -> None:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1000, generator=g) * 3e-3
-    q, s = _fallback_quantize(x, "e4m3", "tensor")
-    assert q.dtype == torch.uint8 and q.numel() == x.numel() and s.numel() == 1
-    scale = x.abs().max() / 448.0
-    ref = (x / scale).to(torch.float8_e4m3fn).to(torch.float32) * scale
-    assert torch.equal(_fallback_dequantize(q, s, "e4m3", "tensor"), ref)
 
 
 def test_pitfall_detectors() -> None:

@@ -1,158 +1,222 @@
-"""DDP gradient communication hooks of our own: fp16 / bf16 casts and an fp8 (e4m3, scaled) reduction.
+"""DDP gradient communication hooks of our own: a cast all-reduce (fp16 / bf16) and a chunked-codec reduction.
 
-Torch's `bf16_compress_hook` refuses to run unless the backend is NCCL (checked by function name),
-so the cast hooks here are re-implementations of `default_hooks._compress_hook` under other names:
-cast, divide by the world size, all-reduce, copy back into the fp32 bucket (so gradients never stay
-in low precision after communication).
+Torch's `bf16_compress_hook` refuses to run unless the backend is NCCL (checked by function name), so the
+cast hook here re-implements `default_hooks._compress_hook` under another name: cast, divide by the world
+size, all-reduce, copy back into the fp32 bucket (so gradients never stay in low precision after
+communication).
 
-The fp8 hook cannot all-reduce fp8 (gloo refuses fp8 dtypes and summing fp8 along a ring
-requantizes at every hop). It follows ZeRO++'s qgZ: split the bucket in n chunks, quantize each
-(per-chunk tensor scaling), all_to_all the uint8 bytes and the scales, decode and sum in fp32 the
-chunk this rank owns, re-quantize it, all_gather bytes and scales, decode. Bus bytes per rank:
-2(n-1)/n * (padded bucket elements * 1 byte + n scales * 4 bytes) -- the DDP formula at 1 byte/element.
-The codec comes from `commbench.fp8` when present; otherwise a minimal per-tensor-amax codec on
-torch's float8 casts (`_fallback_quantize`) is used.
+The codec hook (`codec_hook("fp8_e4m3")`) cannot all-reduce fp8 (gloo refuses fp8 dtypes, and summing fp8
+along a ring re-encodes at every hop). It runs the chunked all_reduce of `commbench.chunked` (ZeRO++ qgZ:
+encode n chunks, all_to_all, decode and sum the owned chunk in fp32, re-encode, all_gather, decode) on the
+bucket divided by the world size, in the split wire layout (codes as uint8, scales as float32 calls). It is
+asynchronous, like torch's own hooks: it returns at once with a future that completes when the
+communication has, so backward overlaps it.
+
+Ordering. The second stage (the gather) is launched from the callback of the first, on whatever thread
+completes it (gloo: a worker thread), while DDP may already be calling the hook for the next bucket. Ranks
+must issue collectives on a group in the same order, so the launches take tickets: bucket k's gather goes
+before bucket k+1's exchange, on every rank. DDP launches buckets in index order, so the hook for bucket k+1
+waits (if at all) only until bucket k's exchange has arrived and its gather is on its way.
 """
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from commbench.chunked import ChunkedAllReduce
+from commbench.codec import Codec, get_codec
+from commbench.collectives import COLLECTIVES
+from commbench.precision import NCCL_TYPE_NAMES
+
 # DDP checks hook annotations against the real classes, so this module keeps annotations evaluated
 # (no `from __future__ import annotations`) and annotates `bucket` as dist.GradBucket.
 HookFn = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
-_FP8_DTYPES: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+def _key(op: str, dtype: torch.dtype) -> str:
+    return f"{op}:{NCCL_TYPE_NAMES.get(dtype, str(dtype).removeprefix('torch.'))}"
 
 
-def _cast_allreduce(dtype: torch.dtype, group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    group_to_use = group if group is not None else dist.group.WORLD
-    world = dist.get_world_size(group_to_use)
-    buffer = bucket.buffer()
-    compressed = buffer.to(dtype).div_(world)  # same order as torch's fp16_compress_hook
-
-    def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        # Back into the fp32 bucket in place: the gradient leaves the hook in its parameter's dtype.
-        buffer.copy_(fut.value()[0])
-        return buffer
-
-    return dist.all_reduce(compressed, group=group_to_use, async_op=True).get_future().then(decompress)
+# --- cast hook ------------------------------------------------------------------------------------------
 
 
-def fp16_cast_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """All-reduce the gradient bucket in fp16 (mean), copy back to fp32."""
-    return _cast_allreduce(torch.float16, group, bucket)
+def cast_hook(wire_dtype: torch.dtype) -> HookFn:
+    """A DDP hook all-reducing the gradient bucket in ``wire_dtype`` (mean), copied back to fp32."""
+
+    def cast_allreduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        group_to_use = group if group is not None else dist.group.WORLD
+        world = dist.get_world_size(group_to_use)
+        buffer = bucket.buffer()
+        compressed = buffer.to(wire_dtype).div_(world)  # same order as torch's fp16_compress_hook
+
+        def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            # Back into the fp32 bucket in place: the gradient leaves the hook in its parameter's dtype.
+            buffer.copy_(fut.value()[0])
+            return buffer
+
+        work = COLLECTIVES["all_reduce"].run(compressed, compressed, group_to_use, async_op=True)
+        return work.get_future().then(decompress)
+
+    return cast_allreduce_hook
 
 
-def bf16_cast_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """All-reduce the gradient bucket in bf16 (mean), copy back to fp32; runs on gloo and NCCL."""
-    return _cast_allreduce(torch.bfloat16, group, bucket)
+def cast_hook_bytes(numel: int, n: int, wire_dtype: torch.dtype) -> dict[str, float]:
+    """Formula: bus bytes per step ("op:dtype", nccl-tests bus bytes) of the cast hook over ``numel`` gradients."""
+    if n <= 1:
+        return {}
+    ar = COLLECTIVES["all_reduce"]
+    return {_key(ar.name, wire_dtype): ar.bus_factor(n) * numel * wire_dtype.itemsize}
 
 
-# --- fp8 codec ---------------------------------------------------------------------------------------
+# --- codec hook -----------------------------------------------------------------------------------------
 
 
-def _fallback_quantize(x: torch.Tensor, fmt: str, scaling: str, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor amax scaling onto torch's float8 type, returned as uint8 bytes + one fp32 scale."""
-    dt = _FP8_DTYPES[fmt]
-    amax = x.abs().max().float()
-    fmax = torch.finfo(dt).max
-    scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax)).reshape(1)
-    q = (x.float() / scale).clamp_(-fmax, fmax).to(dt)
-    return q.view(torch.uint8), scale
+class _Tickets:
+    """Issues collective launches in ticket order, whichever thread launches them (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._next = 0
+        self._issued = 0
+
+    def take(self) -> int:
+        with self._cv:
+            t = self._next
+            self._next += 1
+            return t
+
+    def issue(self, ticket: int, launch: Callable[[], list[Any]]) -> list[Any]:
+        with self._cv:
+            self._cv.wait_for(lambda: self._issued == ticket)
+            try:
+                return launch()
+            finally:
+                # Advanced even when the launch fails, so a failure surfaces as an error, never as a hang.
+                self._issued += 1
+                self._cv.notify_all()
 
 
-def _fallback_dequantize(
-    q: torch.Tensor, scales: torch.Tensor, fmt: str, scaling: str, block: int = 128
-) -> torch.Tensor:
-    return q.view(_FP8_DTYPES[fmt]).float() * scales
+def _done(works: list[Any]) -> torch.futures.Future[Any]:
+    futs = [w.get_future() for w in works]
+    return futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)
 
 
-def fp8_codec() -> tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]], Callable[..., torch.Tensor], str]:
-    """(quantize, dequantize, source): commbench.fp8 when importable, else the fallback here."""
-    try:
-        from commbench.fp8 import dequantize, quantize
-    except ImportError:
-        return _fallback_quantize, _fallback_dequantize, "fallback"
-    return quantize, dequantize, "commbench.fp8"
+class _CodecReducer:
+    """State of one codec hook: a chunked all_reduce op per bucket (buffers reused across steps) and tickets."""
 
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.tickets = _Tickets()
+        self.ops: dict[tuple[int, int, torch.device, int], ChunkedAllReduce] = {}
 
-def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
-    # torch 2.13 renamed all_gather_into_tensor to all_gather_single; looked up per call so a
-    # CommCounter installed later still sees it.
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=group)
+    def _op(self, bucket: dist.GradBucket, group: Any) -> ChunkedAllReduce:
+        buffer = bucket.buffer()
+        key = (bucket.index(), buffer.numel(), buffer.device, id(group))
+        op = self.ops.get(key)
+        if op is None:
+            op = ChunkedAllReduce(
+                self.codec, buffer.numel(), group, buffer.device, packed=False, gather_by_all_to_all=False
+            )
+            self.ops[key] = op
+        return op
 
-
-def make_fp8_hook(fmt: str = "e4m3") -> HookFn:
-    """A DDP hook reducing gradients as scaled fp8 `fmt` (qgZ-style: all_to_all, fp32 sum, all_gather)."""
-    if fmt not in _FP8_DTYPES:
-        raise ValueError(f"unknown fp8 format {fmt!r}; valid: {', '.join(_FP8_DTYPES)}")
-    quantize, dequantize, _ = fp8_codec()
-
-    def fp8_reduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def __call__(self, group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         group_to_use = group if group is not None else dist.group.WORLD
         n = dist.get_world_size(group_to_use)
         buffer = bucket.buffer()
-        numel = buffer.numel()
-        chunk = -(-numel // n)
-        padded = torch.zeros(n * chunk, dtype=torch.float32, device=buffer.device)
-        padded[:numel].copy_(buffer)
-        padded.div_(n)  # mean, like the other hooks
-        parts = [quantize(c, fmt, "tensor") for c in padded.view(n, chunk)]
-        send_q = torch.cat([q.reshape(-1) for q, _ in parts])
-        send_s = torch.cat([s.reshape(-1).float() for _, s in parts])
-        spc = send_s.numel() // n  # scales per chunk (1 with tensor scaling)
-        recv_q = torch.empty_like(send_q)
-        recv_s = torch.empty_like(send_s)
-        dist.all_to_all_single(recv_q, send_q, group=group_to_use)
-        dist.all_to_all_single(recv_s, send_s, group=group_to_use)
-        owned = torch.zeros(chunk, dtype=torch.float32, device=buffer.device)
-        for j in range(n):  # fp32 sum of the n decoded contributions: one quantization per hop, not per add
-            owned += dequantize(recv_q[j * chunk : (j + 1) * chunk], recv_s[j * spc : (j + 1) * spc], fmt, "tensor")
-        q_own, s_own = quantize(owned, fmt, "tensor")
-        s_own = s_own.reshape(-1).float()
-        all_q = torch.empty(n * chunk, dtype=torch.uint8, device=buffer.device)
-        all_s = torch.empty(n * s_own.numel(), dtype=torch.float32, device=buffer.device)
-        _all_gather(all_q, q_own.reshape(-1), group_to_use)
-        _all_gather(all_s, s_own, group_to_use)
-        k = s_own.numel()
-        out = torch.cat(
-            [
-                dequantize(all_q[j * chunk : (j + 1) * chunk], all_s[j * k : (j + 1) * k], fmt, "tensor")
-                for j in range(n)
-            ]
+        op = self._op(bucket, group_to_use)
+        op.load(buffer)
+        op.x.div_(n)  # mean, like the other hooks (the zero pad stays zero)
+        op.encode()
+        first, second = self.tickets.take(), self.tickets.take()
+        result: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+            devices=[buffer.device] if buffer.device.type == "cuda" else None
         )
-        buffer.copy_(out[:numel])
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        fut.set_result(buffer)
-        return fut
 
-    return fp8_reduce_hook
+        def gathered(fut: torch.futures.Future[Any]) -> None:
+            try:
+                fut.wait()
+                op.decode()
+                buffer.copy_(op.result())
+                result.set_result(buffer)
+            except Exception as e:  # a callback's exception would be lost: hand it to DDP's future
+                result.set_exception(e)
+
+        def exchanged(fut: torch.futures.Future[Any]) -> None:
+            launched = False
+            try:
+                fut.wait()
+                op.reencode()
+                works = self.tickets.issue(second, lambda: op.gather(async_op=True))
+                launched = True
+                _done(works).then(gathered)
+            except Exception as e:
+                if not launched:
+                    self.tickets.issue(second, list)  # keep the ticket order moving
+                result.set_exception(e)
+
+        works = self.tickets.issue(first, lambda: op.exchange(async_op=True))
+        # Attached after the launch returned: a future already complete (NCCL) runs the callback right here.
+        _done(works).then(exchanged)
+        return result
 
 
-def fp8_bucket_bus_bytes(numel: int, n: int, scales_per_chunk: int = 1) -> float:
-    """Formula: bus bytes one rank sends for one bucket of `numel` fp32 gradients through the fp8 hook."""
+def codec_hook(codec_name: str) -> HookFn:
+    """An asynchronous DDP hook reducing gradients through the chunked algorithm with codec ``codec_name``
+    (``"fp8_e4m3"``, ``"fp8_e5m2:block128"``, any registered codec); ``ValueError`` for an unknown name."""
+    reducer = _CodecReducer(get_codec(codec_name))
+
+    def codec_reduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return reducer(group, bucket)
+
+    return codec_reduce_hook
+
+
+def codec_hook_bytes(codec_name: str, bucket_numels: Sequence[int], n: int) -> dict[str, float]:
+    """Formula: bus bytes per step ("op:dtype", nccl-tests bus bytes) of :func:`codec_hook` over DDP buckets
+    of ``bucket_numels`` gradients, from the chunked algorithm's own wire-byte function."""
+    out: dict[str, float] = {}
     if n <= 1:
-        return 0.0
-    chunk = -(-numel // n)
-    payload = n * chunk * 1 + n * scales_per_chunk * 4  # uint8 bytes + fp32 scales
-    # all_to_all (n-1)/n of the per-rank buffer + all_gather (n-1)/n of the total output
-    return 2.0 * (n - 1) / n * payload
+        return out
+    codec = get_codec(codec_name)
+    for numel in bucket_numels:
+        for coll, dtype, size in ChunkedAllReduce.stage_bytes(codec, numel, n, packed=False, gather_by_all_to_all=False):
+            key = _key(coll.name, dtype)
+            out[key] = out.get(key, 0.0) + coll.bus_factor(n) * size
+    return out
+
+
+# --- policy hook names (kept for the runner until it asks strategy objects) -----------------------------
+
+
+def fp8_codec() -> tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]], Callable[..., torch.Tensor], str]:
+    """(quantize, dequantize, source) of the fp8 codec the hook uses (one codec, one scale rule)."""
+    from commbench.fp8 import dequantize, quantize
+
+    return quantize, dequantize, "commbench.fp8"
+
+
+def _allreduce_hook() -> HookFn:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook
+
+
+_POLICY_HOOKS: dict[str | None, Callable[[], HookFn]] = {
+    None: _allreduce_hook,
+    "fp16": lambda: cast_hook(torch.float16),
+    "bf16": lambda: cast_hook(torch.bfloat16),
+    "fp8": lambda: codec_hook("fp8_e4m3"),
+}
 
 
 def get_hook(kind: str | None) -> HookFn:
     """The hook for a policy's `hook` field: None -> torch's allreduce_hook (the builtin mean all-reduce)."""
-    if kind is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        return allreduce_hook
-    if kind == "fp16":
-        return fp16_cast_hook
-    if kind == "bf16":
-        return bf16_cast_hook
-    if kind == "fp8":
-        return make_fp8_hook("e4m3")
-    raise ValueError(f"unknown DDP hook {kind!r}; valid: None, fp16, bf16, fp8")
+    try:
+        make = _POLICY_HOOKS[kind]
+    except KeyError:
+        raise ValueError(f"unknown DDP hook {kind!r}; valid: None, fp16, bf16, fp8") from None
+    return make()

@@ -1,0 +1,275 @@
+"""The chunked low-precision algorithm, codec-agnostic: used by the sweep's codec precisions and the DDP hook.
+
+Every variant splits a float32 buffer into chunks, encodes each with a :class:`~commbench.codec.Codec`, moves
+the encoded chunks with one primitive collective per buffer, and decodes (in fp32) on arrival:
+
+- all_gather: encode the rank's tensor into one chunk; all_gather the chunks; decode each source's chunk.
+- reduce_scatter (ZeRO++ qgZ): encode the n per-destination chunks; all_to_all; decode the n received chunks
+  and **sum in float32** (source order 0..n-1 on every rank, so the sum is deterministic): one encoding, no
+  re-encoding along a ring. The local sum is part of decode: it is the codec -> fp32 work.
+- all_reduce: that reduce_scatter, re-encode the owned partial sum, gather it to every rank (the local middle
+  step sits between two transfers, so the sweep's ``comm`` phase holds it); decode every gathered chunk. A
+  buffer whose length is not a multiple of n is zero-padded to ``n * ceil(N / n)``. The gather is an
+  all_gather, except (sweep, gloo) where an all_to_all of the chunk copied into every slot moves the same bytes
+  several times faster. Every rank decodes the same bytes: results are identical across ranks.
+- all_to_all: encode per destination chunk; all_to_all; decode each received chunk.
+
+The wire layout (:class:`ChunkWire`) lives here once. A chunk is its codes followed by its float32 scales.
+*Packed* (the sweep): the chunks back to back in one uint8 buffer, so codes and scales move in a single
+collective call. *Split* (the DDP hook): every chunk's codes in one uint8 buffer, every chunk's scales in one
+float32 buffer, two calls per stage (the training byte accounting reports codes and scales by dtype).
+:func:`ChunkWire.nbytes` gives the bytes of either layout; ``wire_bytes`` (nccl-tests ``size`` on the wire,
+scales included) and the hook's byte formula both derive from it.
+
+Each stage can run asynchronously (``async_op=True`` returns the collectives' ``Work`` handles), which the DDP
+hook chains with futures so backward overlaps the communication.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commbench.codec import Codec
+from commbench.collectives import COLLECTIVES, Collective
+
+_ALL_TO_ALL = COLLECTIVES["all_to_all"]
+_ALL_GATHER = COLLECTIVES["all_gather"]
+
+
+class ChunkWire:
+    """``n`` encoded chunks of ``m`` elements each, in the packed or the split layout."""
+
+    def __init__(self, codec: Codec, n: int, m: int, device: torch.device, packed: bool = True) -> None:
+        self.codec, self.n, self.m, self.packed = codec, n, m, packed
+        self.code_bytes = codec.code_bytes(m)
+        self.s_wire = codec.scale_count(m)
+        # Aligned float32 homes for every chunk's scales (the codec reads and writes these): in the packed
+        # layout a chunk's scales sit at an offset that is not 4-byte aligned in general, so they are copied
+        # byte-wise (a few bytes per chunk) rather than viewed.
+        self.scales = torch.ones(n, codec.num_scales(m), dtype=torch.float32, device=device)
+        if packed:
+            self.stride = self.code_bytes + 4 * self.s_wire
+            self.wire = torch.zeros(n * self.stride, dtype=torch.uint8, device=device)
+            self._buffers = [self.wire]
+        else:
+            self.codes_buf = torch.zeros(n * self.code_bytes, dtype=torch.uint8, device=device)
+            self.scales_buf = torch.ones(n * self.s_wire, dtype=torch.float32, device=device)
+            self._buffers = [self.codes_buf] + ([self.scales_buf] if self.s_wire else [])
+
+    @staticmethod
+    def nbytes(codec: Codec, n: int, m: int, packed: bool) -> dict[torch.dtype, int]:
+        """Bytes of each wire buffer's dtype for ``n`` chunks of ``m`` elements."""
+        if packed:
+            return {torch.uint8: n * codec.wire_bytes(m)}
+        out = {torch.uint8: n * codec.code_bytes(m)}
+        if codec.scale_count(m):
+            out[torch.float32] = n * 4 * codec.scale_count(m)
+        return out
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The tensors a collective moves, in a fixed order (the same on every rank)."""
+        return self._buffers
+
+    def total_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers)
+
+    def codes(self, i: int) -> torch.Tensor:
+        if self.packed:
+            return self.wire[i * self.stride : i * self.stride + self.code_bytes]
+        return self.codes_buf[i * self.code_bytes : (i + 1) * self.code_bytes]
+
+    def _scale_slot(self, i: int) -> torch.Tensor:
+        """Chunk ``i``'s travelling scales as bytes on the wire."""
+        if self.packed:
+            start = i * self.stride + self.code_bytes
+            return self.wire[start : start + 4 * self.s_wire]
+        return self.scales_buf[i * self.s_wire : (i + 1) * self.s_wire].view(torch.uint8)
+
+    def encode(self, i: int, x: torch.Tensor) -> None:
+        self.codec.encode(x, self.codes(i), self.scales[i])
+        if self.s_wire:
+            self._scale_slot(i).copy_(self.scales[i, : self.s_wire].view(torch.uint8))
+
+    def decode(self, i: int, out: torch.Tensor, accumulate: bool = False) -> None:
+        if self.s_wire:
+            self.scales[i, : self.s_wire].view(torch.uint8).copy_(self._scale_slot(i))
+        self.codec.decode(self.codes(i), self.scales[i], out, accumulate=accumulate)
+
+    def replicate_first(self) -> None:
+        """Copy chunk 0 into every other slot (a gather done as an all_to_all sends each rank the same chunk)."""
+        for buf in self._buffers:
+            c = buf.numel() // self.n
+            for i in range(1, self.n):
+                buf[i * c : (i + 1) * c].copy_(buf[:c])
+
+
+def exchange(
+    collective: Collective, send: ChunkWire, recv: ChunkWire, group: dist.ProcessGroup | None, async_op: bool
+) -> list[Any]:
+    """Move every buffer of ``send`` into ``recv`` with ``collective``; the ``Work`` handles when async."""
+    works = [collective.run(s, r, group, async_op=async_op) for s, r in zip(send.buffers(), recv.buffers(), strict=True)]
+    return [w for w in works if w is not None]
+
+
+class _ChunkedOp:
+    """Shared state of the point ops (the sweep's ``PointOp`` protocol: load, encode, comm, decode, result)."""
+
+    has_codec = True
+
+    def __init__(self, codec: Codec, group: dist.ProcessGroup | None) -> None:
+        self.codec = codec
+        self.group = group
+        self.n = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+
+class ChunkedAllGather(_ChunkedOp):
+    def __init__(
+        self, codec: Codec, m: int, group: dist.ProcessGroup | None, device: torch.device, packed: bool = True
+    ) -> None:
+        super().__init__(codec, group)
+        self.m = m
+        self.x = torch.empty(m, dtype=torch.float32, device=device)
+        self.send = ChunkWire(codec, 1, m, device, packed)
+        self.recv = ChunkWire(codec, self.n, m, device, packed)
+        self.y = torch.empty(self.n * m, dtype=torch.float32, device=device)
+        self.wire_bytes = self.recv.total_bytes()
+
+    def load(self, x: torch.Tensor) -> None:
+        self.x.copy_(x)
+
+    def encode(self) -> None:
+        self.send.encode(0, self.x)
+
+    def comm(self) -> None:
+        exchange(_ALL_GATHER, self.send, self.recv, self.group, async_op=False)
+
+    def decode(self) -> None:
+        for r in range(self.n):
+            self.recv.decode(r, self.y[r * self.m : (r + 1) * self.m])
+
+    def result(self) -> torch.Tensor:
+        return self.y
+
+
+class ChunkedAllToAll(_ChunkedOp):
+    """all_to_all, and the base of reduce_scatter (which sums instead of concatenating on decode)."""
+
+    def __init__(
+        self, codec: Codec, total: int, group: dist.ProcessGroup | None, device: torch.device, packed: bool = True
+    ) -> None:
+        super().__init__(codec, group)
+        self.m = total // self.n
+        self.x = torch.empty(total, dtype=torch.float32, device=device)
+        self.send = ChunkWire(codec, self.n, self.m, device, packed)
+        self.recv = ChunkWire(codec, self.n, self.m, device, packed)
+        self.y = torch.empty(total, dtype=torch.float32, device=device)
+        self.wire_bytes = self.send.total_bytes()
+
+    def load(self, x: torch.Tensor) -> None:
+        self.x.copy_(x)
+
+    def encode(self) -> None:
+        for i in range(self.n):
+            self.send.encode(i, self.x[i * self.m : (i + 1) * self.m])
+
+    def exchange(self, async_op: bool = False) -> list[Any]:
+        return exchange(_ALL_TO_ALL, self.send, self.recv, self.group, async_op)
+
+    def comm(self) -> None:
+        self.exchange()
+
+    def decode(self) -> None:
+        for r in range(self.n):
+            self.recv.decode(r, self.y[r * self.m : (r + 1) * self.m])
+
+    def result(self) -> torch.Tensor:
+        return self.y
+
+
+class ChunkedReduceScatter(ChunkedAllToAll):
+    def __init__(
+        self, codec: Codec, total: int, group: dist.ProcessGroup | None, device: torch.device, packed: bool = True
+    ) -> None:
+        super().__init__(codec, total, group, device, packed)
+        self.y = torch.empty(self.m, dtype=torch.float32, device=device)
+
+    def reduce(self) -> None:
+        """Decode the n received chunks and sum them in float32, source order 0..n-1."""
+        for r in range(self.n):
+            self.recv.decode(r, self.y, accumulate=r > 0)
+
+    def decode(self) -> None:
+        self.reduce()
+
+
+class ChunkedAllReduce(ChunkedReduceScatter):
+    """reduce_scatter, re-encode the owned chunk, gather; in stages the DDP hook can chain asynchronously."""
+
+    def __init__(
+        self,
+        codec: Codec,
+        total: int,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+        packed: bool = True,
+        gather_by_all_to_all: bool | None = None,
+    ) -> None:
+        n = dist.get_world_size(group)
+        self.total = total
+        padded = n * -(-total // n)
+        super().__init__(codec, padded, group, device, packed)
+        self.x.zero_()  # the pad tail stays zero: load() writes only the first `total` elements
+        self.acc = self.y  # the owned chunk's fp32 sum
+        # Gloo's all_gather_into_tensor is several times slower than its all_to_all_single for the same bytes
+        # (measured here: 4 MiB out, 2 ranks: 7 ms vs 2.5 ms), so by default on gloo the gather stage is an
+        # all_to_all of the owned chunk copied into every slot: same bytes received, (n-1) local copies more.
+        if gather_by_all_to_all is None:
+            gather_by_all_to_all = dist.get_backend(group) == "gloo"
+        self.gather_by_a2a = gather_by_all_to_all
+        self.gather_collective = _ALL_TO_ALL if gather_by_all_to_all else _ALL_GATHER
+        self.gsend = ChunkWire(codec, self.n if gather_by_all_to_all else 1, self.m, device, packed)
+        self.grecv = ChunkWire(codec, self.n, self.m, device, packed)
+        self.out = torch.empty(padded, dtype=torch.float32, device=device)
+        self.wire_bytes = self.grecv.total_bytes()
+
+    @staticmethod
+    def stage_bytes(
+        codec: Codec, total: int, n: int, packed: bool, gather_by_all_to_all: bool
+    ) -> list[tuple[Collective, torch.dtype, int]]:
+        """(collective, dtype, nccl-tests size in bytes) of every call one all_reduce of ``total`` elements makes.
+
+        Both stages move n chunks of ``ceil(total / n)`` elements: the all_to_all's per-rank buffer, and the
+        gather's total output (or, gathered by all_to_all, its per-rank buffer of n copies)."""
+        m = -(-total // n)
+        gather = _ALL_TO_ALL if gather_by_all_to_all else _ALL_GATHER
+        nbytes = ChunkWire.nbytes(codec, n, m, packed)
+        return [(coll, dt, b) for coll in (_ALL_TO_ALL, gather) for dt, b in nbytes.items()]
+
+    def load(self, x: torch.Tensor) -> None:
+        self.x[: self.total].copy_(x)
+
+    def reencode(self) -> None:
+        """The middle step: fp32 sum of the owned chunk, re-encoded for the gather."""
+        self.reduce()
+        self.gsend.encode(0, self.acc)
+        if self.gather_by_a2a:
+            self.gsend.replicate_first()
+
+    def gather(self, async_op: bool = False) -> list[Any]:
+        return exchange(self.gather_collective, self.gsend, self.grecv, self.group, async_op)
+
+    def comm(self) -> None:
+        self.exchange()
+        self.reencode()
+        self.gather()
+
+    def decode(self) -> None:
+        for r in range(self.n):
+            self.grecv.decode(r, self.out[r * self.m : (r + 1) * self.m])
+
+    def result(self) -> torch.Tensor:
+        return self.out[: self.total]

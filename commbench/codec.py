@@ -1,0 +1,126 @@
+"""Codec registry: how a float32 chunk becomes wire bytes (codes + float32 scales) and back.
+
+A codec knows nothing about communication. The chunked algorithm (:mod:`commbench.chunked`) moves what a codec
+encodes, for the sweep's precisions and for the DDP hook alike. Names may carry an option after a colon
+(``fp8_e4m3:block128``); the registry maps the base name to a factory, like the precision registry.
+
+Adding a codec: subclass :class:`Codec`, call :func:`register_codec` with a factory. That also registers a
+sweep precision of the same name (``impl`` says how the bytes move in the results' ``implementation``
+column), and :func:`commbench.training.hooks.codec_hook` accepts the name at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from commbench.collectives import Collective, Layout
+from commbench.precision import PointOp, Precision, register_precision
+
+
+class Codec(ABC):
+    """Encode a contiguous 1-D float32 chunk into codes (bytes) and float32 scales; decode back."""
+
+    name: str
+    """Canonical name recorded in results (``fp8_e4m3:block128``)."""
+    description: str = ""
+
+    @abstractmethod
+    def code_bytes(self, numel: int) -> int:
+        """Bytes of codes for ``numel`` elements."""
+
+    @abstractmethod
+    def num_scales(self, numel: int) -> int:
+        """Length of the float32 scale tensor :meth:`encode` writes (at least the ones that travel)."""
+
+    def scale_count(self, numel: int) -> int:
+        """How many of those scales travel with the codes (a prefix; the rest are local constants)."""
+        return self.num_scales(numel)
+
+    def wire_bytes(self, numel: int) -> int:
+        """Bytes on the wire for one chunk of ``numel`` elements, scales included."""
+        return self.code_bytes(numel) + 4 * self.scale_count(numel)
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        """Write ``x``'s codes into ``codes`` (uint8, :meth:`code_bytes` long, maybe a slice of a wire buffer)
+        and its scales into ``scales`` (float32, :meth:`num_scales` long)."""
+
+    @abstractmethod
+    def decode(self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
+        """``out = decoded`` (float32), or ``out += decoded`` with ``accumulate`` (the fp32 sum of sources)."""
+
+    @abstractmethod
+    def error_bound(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor | float:
+        """Per-element bound on ``|decoded - exact|`` for a result summing ``contributions`` encoded terms whose
+        ``|x|`` sum to ``abs_sum`` (float64), encoded ``encodings`` times on the way (re-encoded partial sums)."""
+
+
+CodecFactory = Callable[[str | None], Codec]
+"""Builds a codec from the option after the colon (``None`` when the name has none)."""
+
+_REGISTRY: dict[str, CodecFactory] = {}
+
+
+class CodecPrecision(Precision):
+    """A sweep precision whose fp32 tensor travels through a codec with the chunked algorithm."""
+
+    input_dtype = torch.float32
+    wire_dtype = torch.uint8
+
+    def __init__(self, codec: Codec, impl: str) -> None:
+        self.codec = codec
+        self.name = codec.name
+        self.impl = impl
+        self.description = codec.description
+
+    def supports(self, collective: Collective, backend: str) -> bool:
+        return collective.supports_chunked()
+
+    def make_op(
+        self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        return collective.chunked_op(self.codec, layout, group, device)
+
+    def error_bound(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
+        contributions = n if collective.reduces else 1
+        return self.codec.error_bound(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
+
+
+def register_codec(base: str, factory: CodecFactory, options_help: str = "", impl: str = "codec_bytes") -> None:
+    """Register a codec family under ``base``, and the sweep precision of the same name.
+
+    ``impl`` is the precision's ``implementation`` column; ``options_help`` documents ``:option`` values.
+    """
+    _REGISTRY[base] = factory
+
+    def precision(option: str | None) -> Precision:
+        return CodecPrecision(factory(option), impl)
+
+    register_precision(base, precision, options_help)
+
+
+def codec_names() -> list[str]:
+    """Registered codec base names."""
+    _load_plugins()
+    return list(_REGISTRY)
+
+
+def get_codec(name: str) -> Codec:
+    """Resolve ``base[:option]`` to a codec, or raise ``ValueError`` naming the valid choices."""
+    _load_plugins()
+    base, sep, option = name.strip().partition(":")
+    factory = _REGISTRY.get(base)
+    if factory is None:
+        raise ValueError(f"unknown codec {name!r}; valid choices: {', '.join(_REGISTRY)}")
+    if sep and not option:
+        raise ValueError(f"codec {name!r} has an empty option after ':'")
+    return factory(option if sep else None)
+
+
+def _load_plugins() -> None:
+    # The fp8 codecs register on import of fp8_ops (which also registers the native fp8 precisions).
+    import commbench.fp8_ops  # noqa: F401
