@@ -110,8 +110,10 @@ def test_quick_suite_loads_and_covers_the_issue_grid() -> None:
         get_precision(p)
 
 
-def test_every_registered_collective_has_a_definition() -> None:
-    assert set(COLLECTIVES) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
+def test_every_builtin_collective_is_registered() -> None:
+    # test files may register toy collectives of their own (tests/test_codec_extension.py)
+    builtin = {name for name, c in COLLECTIVES.items() if type(c).__module__ == "commbench.collectives"}
+    assert builtin == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
 
 
 def test_slurm_nodelist() -> None:
