@@ -116,6 +116,17 @@ def _frame(rows: list[dict[str, Any]], record: type[Record] | None) -> pd.DataFr
     return _cast(_ordered(df, record), record) if record is not None else df
 
 
+def records_frame(records: Sequence[Record]) -> pd.DataFrame:
+    """Records of one type as a frame with that type's column order and dtypes (for writers without a
+    journal: the nccl-tests import, test fixtures)."""
+    kinds = {type(r) for r in records}
+    if len(kinds) > 1:
+        raise TypeError(f"rows of one record type expected, got {sorted(k.__name__ for k in kinds)}")
+    if not kinds:
+        return pd.DataFrame()
+    return _frame([r.as_dict() for r in records], kinds.pop())
+
+
 def write_table(run_dir: Path, table: str, df: pd.DataFrame) -> None:
     """``<table>.csv`` and ``<table>.parquet``, each replaced atomically."""
     atomic_write_text(run_dir / f"{table}.csv", df.to_csv(index=False))
@@ -248,19 +259,18 @@ def load_table(run_dir: str | os.PathLike[str], record: type[Record] | str) -> p
     table = record if isinstance(record, str) else record.TABLE
     rtype = record_for_table(record) if isinstance(record, str) else record
     if (p / f"{table}.parquet").is_file():
-        # parquet keeps the writer's dtypes (an import's nullable columns too): ordered, not cast
         df = pd.read_parquet(p / f"{table}.parquet")
-        typed = True
     elif (p / f"{table}.csv").is_file():
-        df, typed = pd.read_csv(p / f"{table}.csv"), False
+        df = pd.read_csv(p / f"{table}.csv")
     else:
-        df, typed = pd.DataFrame(read_journal(p / journal_name(table))), False
+        df = pd.DataFrame(read_journal(p / journal_name(table)))
     if rtype is None:
         return df
     if not len(df):
         return pd.DataFrame(columns=list(rtype.columns()))
-    df = _ordered(df, rtype)
-    return df if typed else _cast(df, rtype)
+    # The table's dtypes whatever the source, so CSV, parquet and journal load alike; a column the data
+    # cannot take (an import's world size left unknown) keeps its own.
+    return _cast(_ordered(df, rtype), rtype)
 
 
 def load(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
