@@ -105,9 +105,14 @@ class Record:
 
     @classmethod
     def from_row(cls: type[R], row: dict[str, Any]) -> R:
-        """Build a record from a mapping (extra keys are ignored, missing columns take their defaults)."""
-        names = set(cls.columns())
-        return cls(**{k: v for k, v in row.items() if k in names})
+        """Build a record from a mapping (extra keys are ignored, missing columns take their defaults).
+
+        A missing value (None or NaN: a journal writes NaN as null, CSV reads None back as NaN) becomes NaN
+        in a float column and None in any other."""
+        types_ = cls.column_types()
+        return cls(
+            **{k: (math.nan if types_[k] is float else None) if is_missing(v) else v for k, v in row.items() if k in types_}
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict in column order."""
