@@ -101,12 +101,14 @@ class NcclTestsPoint(CollectivePoint):
 
     TABLE: ClassVar[str] = "results"
 
-    world_size: int | None = col(_DOC["world_size"] + "; None when the log has no device lines to tell")
-    nodes: int | None = col(_DOC["nodes"] + "; None without device lines")
-    payload: str | None = col("None: nccl-tests does not say what its data was")
-    iters: int | None = col("iterations per measurement (nccl-tests -n); None if the log does not say")
-    samples: int | None = col("None: nccl-tests reports one averaged measurement")
-    wrong: float = col(_DOC["wrong"] + "; NaN where nccl-tests printed N/A (no data check)")
+    # Widening a parent's field type breaks substitutability for mypy, on purpose: code reading an import's
+    # rows must expect gaps, and the dtypes (nullable Int64, float64 for NaN) follow from these types.
+    world_size: int | None = col(_DOC["world_size"] + "; None when the log has no device lines to tell")  # type: ignore[assignment]
+    nodes: int | None = col(_DOC["nodes"] + "; None without device lines")  # type: ignore[assignment]
+    payload: str | None = col("None: nccl-tests does not say what its data was")  # type: ignore[assignment]
+    iters: int | None = col("iterations per measurement (nccl-tests -n); None if the log does not say")  # type: ignore[assignment]
+    samples: int | None = col("None: nccl-tests reports one averaged measurement")  # type: ignore[assignment]
+    wrong: float = col(_DOC["wrong"] + "; NaN where nccl-tests printed N/A (no data check)")  # type: ignore[assignment]
     placement: str = col("nccl-tests column group: out-of-place or in-place")
     redop: str = col("nccl-tests redop column (sum, none, ...)")
     root: int = col("nccl-tests root column (-1 for rootless collectives)")

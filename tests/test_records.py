@@ -14,7 +14,7 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pandas as pd
 import pytest
@@ -47,8 +47,8 @@ class ToyRow(Record):
     ok: bool = col("a flag")
 
 
-def point(**over: object) -> dict[str, object]:
-    base: dict[str, object] = dict(
+def point(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = dict(
         collective="all_reduce", precision="fp32", impl="native", backend="gloo", device="cpu", world_size=2,
         nodes=1, payload="normal", dtype="float", size_bytes=4096, count=1024, fp32_bytes=4096, wire_bytes=4096,
         time_us=10.0, time_us_max=11.0, p50_us=10.0, p95_us=12.0, cv=0.05, rank_spread=0.1, iters=8, samples=5,
