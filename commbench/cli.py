@@ -7,9 +7,7 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import socket
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -244,52 +242,10 @@ def _report_after_run(out: Path) -> None:
         print(f"commbench: warning: report failed ({type(e).__name__}: {e}); run `commbench report {out}` again", file=sys.stderr)
 
 
-def git_commit() -> str | None:
-    try:
-        here = Path(__file__).resolve().parent.parent
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def run_metadata(suite: SuiteConfig, d: Any, argv: list[str], start: str) -> dict[str, Any]:
-    import torch
+    from commbench.metadata import run_metadata as build
 
-    from commbench.results import SCHEMA_VERSION
-
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
-        except Exception:
-            nccl = None
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "commbench_version": __version__,
-        "git_commit": git_commit(),
-        "start_time": start,
-        "end_time": None,
-        "host": d.host,
-        "hosts": sorted(set(d.hosts)),
-        "device_name": d.device_name(),
-        "device": str(d.device.type),
-        "backend": d.backend,
-        "world_size": d.world_size,
-        "nodes": d.nodes,
-        "nproc_per_node": d.info.local_world_size,
-        "threads_per_rank": d.threads,
-        "launcher": d.info.launcher,
-        "torch_version": torch.__version__,
-        "nccl_version": nccl,
-        "gloo_available": torch.distributed.is_gloo_available(),
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "suite": suite.to_dict(),
-        "timing": suite.to_dict()["timing"],
-        "argv": argv,
-    }
+    return build(suite, d, argv, start)
 
 
 def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
@@ -383,11 +339,12 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
     current: tuple[str, str] | None = None
     try:
         for index, pt in todo:
-            row = sweep.run_point(pt, index)
+            point = sweep.run_point(pt, index)
             if d.rank == 0:
-                if row is not None:
+                if point is not None:
                     assert writer is not None
-                    writer.add("results", [row])
+                    writer.add([point])
+                    row = point.as_dict()
                     block = (row["collective"], row["precision"])
                     if block != current:
                         current = block
@@ -436,8 +393,8 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
 
     def on_done(summary: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
         if writer is not None:
-            writer.add("training", summary)
-            writer.add("training_steps", steps)
+            writer.add_rows("training", summary)
+            writer.add_rows("training_steps", steps)
             for row in summary:
                 print(
                     f"# training {row.get('policy'):<24} step p50 {row.get('step_time_us_p50', float('nan')) / 1e3:8.2f} ms"

@@ -34,20 +34,25 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import re
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
 
 from commbench import results as res
+from commbench.metadata import build_metadata
+from commbench.records import CollectivePoint, col
+
+if TYPE_CHECKING:
+    from commbench.collectives import Collective
 
 __all__ = [
     "NCCL_TYPES",
+    "NcclTestsPoint",
     "import_nccl_tests",
     "nccl_version_string",
     "parse_nccl_json",
@@ -85,6 +90,31 @@ BINARY_COLLECTIVES: dict[str, str] = {
     "hypercube": "hypercube",
 }
 COLLECTIVES = sorted(set(BINARY_COLLECTIVES.values()))
+
+_DOC = CollectivePoint.docs()
+
+
+@dataclass(kw_only=True, slots=True)
+class NcclTestsPoint(CollectivePoint):
+    """A results row imported from an nccl-tests log: the columns a log may not give are redeclared as
+    optional (None/NaN, as nccl-tests' own N/A), then where the row came from."""
+
+    TABLE: ClassVar[str] = "results"
+
+    # Widening a parent's field type breaks substitutability for mypy, on purpose: code reading an import's
+    # rows must expect gaps, and the dtypes (nullable Int64, float64 for NaN) follow from these types.
+    world_size: int | None = col(_DOC["world_size"] + "; None when the log has no device lines to tell")  # type: ignore[assignment]
+    nodes: int | None = col(_DOC["nodes"] + "; None without device lines")  # type: ignore[assignment]
+    payload: str | None = col("None: nccl-tests does not say what its data was")  # type: ignore[assignment]
+    iters: int | None = col("iterations per measurement (nccl-tests -n); None if the log does not say")  # type: ignore[assignment]
+    samples: int | None = col("None: nccl-tests reports one averaged measurement")  # type: ignore[assignment]
+    wrong: float = col(_DOC["wrong"] + "; NaN where nccl-tests printed N/A (no data check)")  # type: ignore[assignment]
+    placement: str = col("nccl-tests column group: out-of-place or in-place")
+    redop: str = col("nccl-tests redop column (sum, none, ...)")
+    root: int = col("nccl-tests root column (-1 for rootless collectives)")
+    block: int = col("index of the result table (or JSON document) in the imported file")
+    source_line: int | None = col("line of the row in a text log; None for JSON")
+
 
 _BINARY_RE = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")
 _RANK_RE = re.compile(
@@ -154,31 +184,46 @@ def _infer_collective(size: int, count: int, type_name: str, redop: str, root: i
     )
 
 
-def _bus_factor(coll: str, n: int) -> float:
-    if coll == "all_reduce":
-        return 2 * (n - 1) / n
-    if coll in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
-
-
 def _world_from_rows(coll: str, rows: list[dict[str, Any]]) -> int | None:
-    """Ranks from the data when no device lines exist: size/count for sharded collectives, else the
-    busbw/algbw ratio (nccl-tests' bus factor) inverted."""
+    """Ranks from the data when no device lines exist: size/count where the collective's count is a per-rank
+    share (its nccl-tests size convention), else the busbw/algbw ratio (its bus factor) inverted. None for a
+    collective commbench does not model (their sizes and factors are nccl-tests', not ours to guess)."""
+    from commbench.collectives import get_collective  # imports torch: only when a log lacks device lines
+
+    try:
+        c = get_collective(coll)
+    except ValueError:
+        return None
     for r in rows:
-        width = NCCL_TYPES[r["dtype"]][1]
-        if coll in ("all_gather", "reduce_scatter", "all_to_all") and r["count"] > 0:
-            n = r["size_bytes"] / (r["count"] * width)
-            if n >= 1 and float(n).is_integer():
-                return int(n)
-    if coll == "all_reduce":
-        for r in rows:
-            a, b = r.get("algbw_gbps"), r.get("busbw_gbps")
-            if a and b and a > 0 and math.isfinite(a) and 0 < b / a < 2:
-                n = 2 / (2 - b / a)
-                if abs(n - round(n)) < 0.05:
-                    return round(n)
+        total, rest = divmod(r["size_bytes"], NCCL_TYPES[r["dtype"]][1])
+        count = r["count"]
+        if count > 0 and not rest and total % count == 0:
+            n = total // count
+            # the count must pin the world: all_reduce's count is the whole buffer for every n
+            if c.layout(total, n).count == count != c.layout(c.round_total(total, n + 1), n + 1).count:
+                return n
+    for r in rows:
+        a, b = r.get("algbw_gbps"), r.get("busbw_gbps")
+        if a and b and a > 0 and math.isfinite(a) and math.isfinite(b):
+            n = _invert_bus_factor(c, b / a)
+            if n is not None:
+                return n
     return None
+
+
+def _invert_bus_factor(c: Collective, ratio: float, most: int = 1 << 20) -> int | None:
+    """The world size whose bus factor is ``ratio``, for a factor that grows with n. Logs print bandwidths
+    with two decimals, so the ratio is approximate: accept a solution within 0.05 of a whole rank."""
+    f = c.bus_factor
+    lo, hi = 1, most
+    if not f(lo) < ratio < f(hi):
+        return None
+    while hi - lo > 1:  # f(lo) < ratio <= f(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if f(mid) < ratio else (lo, mid)
+    x = lo + (ratio - f(lo)) / (f(hi) - f(lo))
+    n = round(x)
+    return n if abs(x - n) < 0.05 else None
 
 
 def _float(tok: str, where: str) -> float:
@@ -521,8 +566,7 @@ def import_nccl_tests(path: Path, out_dir: Path, collective: str | None = None) 
     rows, info = parse_nccl_json(text, collective) if is_json else parse_nccl_text(text, collective)
     df, meta = _to_schema(rows, info, path, "json" if is_json else "text")
     out_dir.mkdir(parents=True, exist_ok=True)
-    res.atomic_write_text(out_dir / "results.csv", df.to_csv(index=False))
-    df.to_parquet(out_dir / "results.parquet", index=False)
+    res.write_table(out_dir, NcclTestsPoint.TABLE, df)
     res.atomic_write_text(out_dir / "metadata.json", json.dumps(meta, indent=2, default=str) + "\n")
     return out_dir
 
@@ -532,7 +576,7 @@ def _to_schema(
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     blocks = info["blocks"]
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    out: list[dict[str, Any]] = []
+    out: list[NcclTestsPoint] = []
     by_block: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_block.setdefault(r["block"], []).append(r)
@@ -552,54 +596,51 @@ def _to_schema(
             prec, width = NCCL_TYPES[r["dtype"]]
             time_us = r.get("time_us", math.nan)
             ts = binfo.get("start_time")
+            iters = r.get("iters") if r.get("iters") is not None else binfo["settings"].get("iters")
             out.append(
-                {
-                    "collective": coll,
-                    "precision": prec,
-                    "impl": "nccl-tests",
-                    "backend": "nccl",
-                    "device": "cuda",
-                    "world_size": world if world else math.nan,
-                    "nodes": len(hosts) if hosts else math.nan,
-                    "payload": None,
-                    "dtype": r["dtype"],
-                    "size_bytes": r["size_bytes"],
-                    "count": r["count"],
+                NcclTestsPoint(
+                    collective=coll,
+                    precision=prec,
+                    impl="nccl-tests",
+                    backend="nccl",
+                    device="cuda",
+                    world_size=world or None,
+                    nodes=len(hosts) or None,
+                    payload=None,
+                    dtype=r["dtype"],
+                    size_bytes=r["size_bytes"],
+                    count=r["count"],
                     # same size definition, as if each element were 4 bytes
-                    "fp32_bytes": r["size_bytes"] // width * 4,
-                    "wire_bytes": r["size_bytes"],
-                    "time_us": time_us,
-                    "time_us_max": math.nan,
-                    "p50_us": r.get("p50_us", math.nan),
-                    "p95_us": r.get("p95_us", math.nan),
-                    "cv": r.get("cv", math.nan),
-                    "rank_spread": math.nan,
-                    "iters": r.get("iters") if r.get("iters") is not None else binfo["settings"].get("iters"),
-                    "samples": math.nan,
-                    "algbw_gbps": r.get("algbw_gbps", math.nan),
-                    "busbw_gbps": r.get("busbw_gbps", math.nan),
-                    "encode_us": math.nan,
-                    "comm_us": time_us,
-                    "decode_us": math.nan,
-                    "total_us": math.nan,
-                    "effective_gbps": math.nan,
-                    "wrong": r.get("wrong", math.nan),
-                    "tolerance": math.nan,
-                    "rel_err": math.nan,
-                    "max_abs_err": r.get("max_abs_err", math.nan),
-                    "timestamp": ts if isinstance(ts, str) else now,
-                    "placement": r["placement"],
-                    "redop": r["redop"],
-                    "root": r["root"],
-                    "block": b,
-                    "source_line": r.get("source_line"),
-                }
+                    fp32_bytes=r["size_bytes"] // width * 4,
+                    wire_bytes=r["size_bytes"],
+                    time_us=time_us,
+                    time_us_max=math.nan,
+                    p50_us=r.get("p50_us", math.nan),
+                    p95_us=r.get("p95_us", math.nan),
+                    cv=r.get("cv", math.nan),
+                    rank_spread=math.nan,
+                    iters=iters,
+                    samples=None,
+                    algbw_gbps=r.get("algbw_gbps", math.nan),
+                    busbw_gbps=r.get("busbw_gbps", math.nan),
+                    encode_us=math.nan,
+                    comm_us=time_us,
+                    decode_us=math.nan,
+                    total_us=math.nan,
+                    effective_gbps=math.nan,
+                    wrong=r.get("wrong", math.nan),
+                    tolerance=math.nan,
+                    rel_err=math.nan,
+                    max_abs_err=r.get("max_abs_err", math.nan),
+                    timestamp=ts if isinstance(ts, str) else now,
+                    placement=r["placement"],
+                    redop=r["redop"],
+                    root=r["root"],
+                    block=b,
+                    source_line=r.get("source_line"),
+                )
             )
-    df = pd.DataFrame(out)
-    extra = [c for c in df.columns if c not in res.COLUMNS]
-    df = df[[*res.COLUMNS, *extra]]
-    for c in ("world_size", "nodes", "iters", "source_line"):
-        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    df = res.records_frame(out)
     devs = list(all_devices.values())
     hosts_all = sorted({d.host for d in devs})
     world = max(worlds) if worlds else None
@@ -608,26 +649,21 @@ def _to_schema(
     argv = [*sys.argv]
     starts = [b.get("start_time") for b in blocks if b.get("start_time")]
     ends = [b.get("end_time") for b in blocks if b.get("end_time")]
-    meta: dict[str, Any] = {
-        "schema_version": res.SCHEMA_VERSION,
-        "commbench_version": _commbench_version(),
-        "git_commit": None,
-        "start_time": starts[0] if starts else now,
-        "end_time": ends[-1] if ends else now,
-        "host": devs[0].host if devs else None,
-        "hosts": hosts_all,
-        "device_name": devs[0].info if devs else None,
-        "backend": "nccl",
-        "world_size": world,
-        "nodes": nodes,
-        "nproc_per_node": (world // nodes) if world and nodes and world % nodes == 0 else None,
-        "threads_per_rank": None,
-        "launcher": "import",
-        "torch_version": None,
-        "nccl_version": info.get("nccl_version"),
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "suite": {
+    meta = build_metadata(
+        start_time=starts[0] if starts else now,
+        end_time=ends[-1] if ends else now,
+        host=devs[0].host if devs else None,
+        hosts=hosts_all,
+        device_name=devs[0].info if devs else None,
+        backend="nccl",
+        world_size=world,
+        nodes=nodes,
+        nproc_per_node=(world // nodes) if world and nodes and world % nodes == 0 else None,
+        threads_per_rank=None,
+        launcher="import",
+        torch_version=None,
+        nccl_version=info.get("nccl_version"),
+        suite={
             "source": "nccl-tests",
             "format": fmt,
             "file": path.name,
@@ -638,17 +674,8 @@ def _to_schema(
             "settings": first_block.get("settings", {}),
             "args": first_block.get("args"),
         },
-        "timing": {"source": "nccl-tests", "iters": first_block.get("settings", {}).get("iters")},
-        "argv": argv,
-        "imported_from": str(path.resolve()),
-    }
+        timing={"source": "nccl-tests", "iters": first_block.get("settings", {}).get("iters")},
+        argv=argv,
+        extra={"imported_from": str(path.resolve())},
+    )
     return df, meta
-
-
-def _commbench_version() -> str | None:
-    try:
-        from commbench import __version__
-
-        return str(__version__)
-    except ImportError:  # pragma: no cover
-        return None

@@ -24,7 +24,18 @@ from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin
 
 R = TypeVar("R", bound="Record")
 
-_PANDAS_DTYPES: dict[Any, str] = {int: "Int64", float: "float64", str: "string", bool: "boolean"}
+# pandas dtype per Python type, (required, optional). Required ints stay numpy int64 (what pandas gives a
+# column without gaps, as runs always wrote); a column that may be None uses the nullable Int64/boolean so a
+# missing value stays missing instead of turning the column into floats. Strings are left to pandas
+# ("object": no cast), whose own inference (pandas >= 3: its NaN-aware str dtype) the views were written for.
+_PANDAS_DTYPES: dict[Any, tuple[str, str]] = {
+    int: ("int64", "Int64"),
+    float: ("float64", "float64"),
+    str: ("object", "object"),
+    bool: ("bool", "boolean"),
+}
+
+_TABLES: dict[str, type[Record]] = {}
 
 
 def col(doc: str, default: Any = MISSING) -> Any:
@@ -43,12 +54,27 @@ def _base_type(tp: Any) -> Any:
     return tp
 
 
+def _optional(tp: Any) -> bool:
+    """True for ``X | None`` and ``Optional[X]``."""
+    return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
+
+
 @dataclass(kw_only=True, slots=True)
 class Record:
     """Base of every table row. Subclasses set ``TABLE`` and declare columns with :func:`col`."""
 
     TABLE: ClassVar[str] = ""
     """The table's name in a run directory (``<TABLE>.csv``, ``<TABLE>.parquet``, ``<TABLE>.jsonl``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The first class that names a table is its row type (a subclass that adds columns to the same table,
+        # such as the nccl-tests import's, does not replace it): the loader can then order and type a table
+        # by name without importing the module that defines it (commbench.training pulls in torch).
+        # dataclass(slots=True) re-creates the class, so the same class arrives twice: keep the last one. No
+        # super() call: the zero-argument form breaks on slots-recreated classes and object's takes nothing.
+        prev = _TABLES.get(cls.TABLE)
+        if cls.TABLE and (prev is None or (prev.__module__, prev.__qualname__) == (cls.__module__, cls.__qualname__)):
+            _TABLES[cls.TABLE] = cls
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
@@ -63,8 +89,14 @@ class Record:
 
     @classmethod
     def dtypes(cls) -> dict[str, str]:
-        """pandas dtype of each column (nullable integer and string dtypes, so a missing value stays missing)."""
-        return {k: _PANDAS_DTYPES.get(t, "object") for k, t in cls.column_types().items()}
+        """pandas dtype of each column: ``int`` -> int64, ``int | None`` -> nullable Int64, ``float`` -> float64,
+        ``bool`` -> bool (``bool | None`` -> boolean); ``str`` -> object, meaning pandas' own string inference."""
+        hints = typing.get_type_hints(cls)
+        out = {}
+        for f in dataclasses.fields(cls):
+            pair = _PANDAS_DTYPES.get(_base_type(hints[f.name]), ("object", "object"))
+            out[f.name] = pair[1] if _optional(hints[f.name]) else pair[0]
+        return out
 
     @classmethod
     def docs(cls) -> dict[str, str]:
@@ -73,21 +105,92 @@ class Record:
 
     @classmethod
     def from_row(cls: type[R], row: dict[str, Any]) -> R:
-        """Build a record from a mapping (extra keys are ignored, missing columns take their defaults)."""
-        names = set(cls.columns())
-        return cls(**{k: v for k, v in row.items() if k in names})
+        """Build a record from a mapping (extra keys are ignored, missing columns take their defaults).
+
+        A missing value (None or NaN: a journal writes NaN as null, CSV reads None back as NaN) becomes NaN
+        in a float column and None in any other."""
+        types_ = cls.column_types()
+        return cls(
+            **{k: (math.nan if types_[k] is float else None) if is_missing(v) else v for k, v in row.items() if k in types_}
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict in column order."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+def record_for_table(table: str) -> type[Record] | None:
+    """The row type registered for ``table`` (None when the module defining it has not been imported)."""
+    return _TABLES.get(table)
+
+
 def frame_dtypes(record: type[Record], present: list[str]) -> dict[str, str]:
-    """dtypes to apply to the columns of ``record`` that are ``present`` in a frame."""
+    """dtypes to apply to the columns of ``record`` that are ``present`` in a frame ("object" ones are left)."""
     dt = record.dtypes()
-    return {c: dt[c] for c in present if c in dt}
+    return {c: dt[c] for c in present if c in dt and dt[c] != "object"}
 
 
 def is_missing(v: Any) -> bool:
     """True for ``None`` and NaN (how a missing value reads back from CSV or parquet)."""
     return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+@dataclass(kw_only=True, slots=True)
+class CollectivePoint(Record):
+    """One measured (collective, precision, payload, size) point: a row of ``results.csv``.
+
+    Sizes follow nccl-tests (see ``commbench.collectives``); GB/s are 1e9 bytes per second."""
+
+    TABLE: ClassVar[str] = "results"
+    KEY: ClassVar[tuple[str, ...]] = ("collective", "precision", "payload", "fp32_bytes")
+    """Columns that identify a point (``--resume`` skips rows already present under this key)."""
+
+    collective: str = col("collective name (all_reduce, all_gather, ...)")
+    precision: str = col("precision name as given to --precisions (fp32, bf16, fp8_e4m3, ...)")
+    impl: str = col("implementation of the precision (native, a byte-moving fp8 codec, nccl-tests, ...)")
+    backend: str = col("torch.distributed backend (gloo, nccl)")
+    device: str = col("device name of rank 0")
+    world_size: int = col("ranks in the group")
+    nodes: int = col("hosts in the group")
+    payload: str = col("input distribution (normal, gradient, outliers)")
+    dtype: str = col("nccl-tests type name of the wire data (float, bfloat16, uint8, ...)")
+    size_bytes: int = col("nccl-tests size of the call, bytes on the wire (as wire_bytes)")
+    count: int = col("nccl-tests count column: elements per call parameter")
+    fp32_bytes: int = col("the same size in fp32 bytes: what the user's tensor holds")
+    wire_bytes: int = col("bytes the collective moved per nccl-tests size definition, scales included")
+    time_us: float = col("per-op collective time, microseconds: mean over ranks of each rank's median")
+    time_us_max: float = col("slowest rank's median per-op time, microseconds")
+    p50_us: float = col("median per-op time over every sample of every rank, microseconds")
+    p95_us: float = col("95th percentile per-op time over every sample of every rank, microseconds")
+    cv: float = col("coefficient of variation of the pooled samples (fraction, not %)")
+    rank_spread: float = col("slowest over fastest rank median minus one (fraction)")
+    iters: int = col("back-to-back ops per timed sample (calibrated)")
+    samples: int = col("timed samples per rank")
+    algbw_gbps: float = col("algorithm bandwidth, GB/s: size_bytes / time_us")
+    busbw_gbps: float = col("bus bandwidth, GB/s: algbw times the collective's nccl-tests bus factor")
+    encode_us: float = col("per-op encode time, microseconds (0 for native precisions)")
+    comm_us: float = col("per-op collective time, microseconds (= time_us)")
+    decode_us: float = col("per-op decode time, microseconds (0 for native precisions)")
+    total_us: float = col("encode + collective + decode, microseconds")
+    effective_gbps: float = col("fp32-equivalent bandwidth, GB/s: fp32_bytes / total_us")
+    wrong: int = col("elements outside the error bound on exactly representable inputs (nccl-tests #wrong)")
+    tolerance: float = col("largest error bound used by the wrong check (absolute, in the data's unit)")
+    rel_err: float = col("relative L2 error of the result against a float64 reference (fraction)")
+    max_abs_err: float = col("largest absolute error against the float64 reference (in the data's unit)")
+    timestamp: str = col("when the point finished, ISO 8601 UTC")
+
+
+@dataclass(kw_only=True, slots=True)
+class Crossover(Record):
+    """Per collective, payload and precision: from which size the precision beats fp32 (``crossover.csv``)."""
+
+    TABLE: ClassVar[str] = "crossover"
+
+    collective: str = col("collective name")
+    payload: str = col("input distribution")
+    precision: str = col("the precision compared with fp32")
+    crossover_bytes: float = col(
+        "smallest fp32 size, bytes, from which effective bandwidth beats fp32 at that and every larger size; "
+        "NaN if none"
+    )
+    note: str = col('"never in range" when crossover_bytes is NaN, else empty')

@@ -1,44 +1,46 @@
-"""Record schema, run directory, incremental atomic writes, metadata, and loading runs into pandas.
+"""Run directory: incremental atomic writes of any record table, and loading runs into pandas.
 
-A run directory holds ``rows.jsonl`` (append-only journal: one JSON object per finished point, the source of
-truth for ``--resume``), the tidy tables rewritten atomically after every point (``results.csv``,
-``results.parquet``; ``training.csv``/``training_steps.csv`` for training sections; ``crossover.csv``), and
-``metadata.json``. A crash loses at most the point in flight; a torn last journal line is ignored.
+A run directory holds, per table (``results``, ``training``, ``training_steps``: any
+:class:`~commbench.records.Record` type's ``TABLE``), an append-only journal (one JSON object per row, the
+source of truth for ``--resume``; ``rows.jsonl`` for results, ``<table>.jsonl`` otherwise) and the tidy
+``<table>.csv`` and ``<table>.parquet`` rewritten atomically after every add; ``crossover.csv``; and
+``metadata.json`` (see :mod:`commbench.metadata`). A crash loses at most the point in flight; a torn last
+journal line is ignored. Columns and dtypes come from the record types (:mod:`commbench.records`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
+from commbench.records import CollectivePoint, Crossover, Record, frame_dtypes, record_for_table
 
-COLUMNS: tuple[str, ...] = (
-    "collective", "precision", "impl", "backend", "device", "world_size", "nodes", "payload", "dtype",
-    "size_bytes", "count", "fp32_bytes", "wire_bytes",
-    "time_us", "time_us_max", "p50_us", "p95_us", "cv", "rank_spread", "iters", "samples",
-    "algbw_gbps", "busbw_gbps", "encode_us", "comm_us", "decode_us", "total_us", "effective_gbps",
-    "wrong", "tolerance", "rel_err", "max_abs_err", "timestamp",
-)  # fmt: skip
+SCHEMA_VERSION = 2
+"""2: every table also as parquet, dtypes from the records; version 1 directories load unchanged."""
+
+R = TypeVar("R", bound=Record)
+
+# Aliases kept for modules that imported them before the records existed.
+COLUMNS: tuple[str, ...] = CollectivePoint.columns()
 """Column order of ``results.csv``; one row per (collective, precision, payload, size) point."""
-
-POINT_KEY: tuple[str, ...] = ("collective", "precision", "payload", "fp32_bytes")
+POINT_KEY: tuple[str, ...] = CollectivePoint.KEY
 """Columns that identify a point (``--resume`` skips rows already present under this key)."""
+CROSSOVER_COLUMNS: tuple[str, ...] = Crossover.columns()
 
-CROSSOVER_COLUMNS = ("collective", "payload", "precision", "crossover_bytes", "note")
+_JOURNALS = {"results": "rows.jsonl"}
+"""Journal names that differ from ``<table>.jsonl`` (the results journal kept its schema-1 name)."""
 
-_TABLES = {
-    "results": ("rows.jsonl", "results.csv", "results.parquet"),
-    "training": ("training.jsonl", "training.csv", None),
-    "training_steps": ("training_steps.jsonl", "training_steps.csv", None),
-}
+
+def journal_name(table: str) -> str:
+    return _JOURNALS.get(table, f"{table}.jsonl")
 
 
 class RunDirError(ValueError):
@@ -88,34 +90,85 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _frame(rows: list[dict[str, Any]], columns: Iterable[str] | None) -> pd.DataFrame:
-    df = pd.DataFrame(rows)
-    if columns is not None:
-        cols = list(columns)
-        for c in cols:
-            if c not in df.columns:
-                df[c] = math.nan
-        df = df[cols + [c for c in df.columns if c not in cols]]
+def _cast(df: pd.DataFrame, record: type[Record]) -> pd.DataFrame:
+    """Apply the record's dtypes where the data allows it: a column an older or foreign run left with gaps
+    (an int column holding NaN) keeps the dtype pandas gave it rather than failing the load."""
+    for c, dt in frame_dtypes(record, list(df.columns)).items():
+        try:
+            df[c] = df[c].astype(dt)
+        except (TypeError, ValueError):
+            pass
     return df
 
 
+def _ordered(df: pd.DataFrame, record: type[Record]) -> pd.DataFrame:
+    """The record's columns first, in order (missing ones as NaN), then any extras."""
+    cols = list(record.columns())
+    for c in cols:
+        if c not in df.columns:
+            df[c] = math.nan
+    return df[cols + [c for c in df.columns if c not in cols]]
+
+
+def _frame(rows: list[dict[str, Any]], record: type[Record] | None) -> pd.DataFrame:
+    """Rows as a frame, ordered and typed by ``record`` when given."""
+    df = pd.DataFrame(rows)
+    return _cast(_ordered(df, record), record) if record is not None else df
+
+
+def records_frame(records: Sequence[Record]) -> pd.DataFrame:
+    """Records of one type as a frame with that type's column order and dtypes (for writers without a
+    journal: the nccl-tests import, test fixtures)."""
+    kinds = {type(r) for r in records}
+    if len(kinds) > 1:
+        raise TypeError(f"rows of one record type expected, got {sorted(k.__name__ for k in kinds)}")
+    if not kinds:
+        return pd.DataFrame()
+    return _frame([r.as_dict() for r in records], kinds.pop())
+
+
+def write_table(run_dir: Path, table: str, df: pd.DataFrame) -> None:
+    """``<table>.csv`` and ``<table>.parquet``, each replaced atomically."""
+    atomic_write_text(run_dir / f"{table}.csv", df.to_csv(index=False))
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    atomic_write_bytes(run_dir / f"{table}.parquet", buf.getvalue())
+
+
+class _Tables(dict[str, list[dict[str, Any]]]):
+    """Rows per table name; on --resume a table not touched yet reads its journal on first access."""
+
+    def __init__(self, run_dir: Path, resume: bool) -> None:
+        super().__init__()
+        self._dir, self._resume = run_dir, resume
+
+    def __missing__(self, table: str) -> list[dict[str, Any]]:
+        rows = read_journal(self._dir / journal_name(table)) if self._resume else []
+        self[table] = rows
+        return rows
+
+
 class RunWriter:
-    """Rank 0's writer for one run directory."""
+    """Rank 0's writer for one run directory: any table of any :class:`Record` type."""
 
     def __init__(self, run_dir: Path, *, resume: bool = False) -> None:
         self.dir = run_dir
-        self.rows: dict[str, list[dict[str, Any]]] = {k: [] for k in _TABLES}
         if resume:
             if not (run_dir / "metadata.json").is_file():
                 raise RunDirError(f"cannot resume {run_dir}: not a commbench run directory (no metadata.json)")
-            for table, (journal, _, _) in _TABLES.items():
-                self.rows[table] = read_journal(run_dir / journal)
         else:
             check_new_run_dir(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
+        self.rows: dict[str, list[dict[str, Any]]] = _Tables(run_dir, resume)
+        """Rows written so far per table, as dicts (journal rows of a resumed run included)."""
+        self._types: dict[str, type[Record]] = {}
+
+    def records(self, record: type[R]) -> list[R]:
+        """Rows of ``record``'s table written so far, as records (a resumed run's journal rows included)."""
+        return [record.from_row(r) for r in self.rows[record.TABLE]]
 
     def done_keys(self) -> set[tuple[Any, ...]]:
-        return {tuple(r[k] for k in POINT_KEY) for r in self.rows["results"]}
+        return {tuple(r[k] for k in POINT_KEY) for r in self.rows[CollectivePoint.TABLE]}
 
     def done_policies(self) -> set[str]:
         return {str(r["policy"]) for r in self.rows["training"]}
@@ -123,29 +176,36 @@ class RunWriter:
     def write_metadata(self, meta: dict[str, Any]) -> None:
         atomic_write_text(self.dir / "metadata.json", json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
 
-    def add(self, table: str, rows: list[dict[str, Any]]) -> None:
-        """Journal ``rows`` (append + fsync) and rewrite that table's CSV/parquet atomically."""
+    def add(self, records: Sequence[Record]) -> None:
+        """Journal ``records`` (append + fsync) and rewrite their table's CSV and parquet atomically.
+
+        The table is ``type(record).TABLE``; columns and dtypes come from the record type."""
+        if not records:
+            return
+        kinds = {type(r) for r in records}
+        if len(kinds) != 1:
+            raise TypeError(f"one add() takes rows of one record type, got {sorted(k.__name__ for k in kinds)}")
+        record = kinds.pop()
+        self._types[record.TABLE] = record
+        self.add_rows(record.TABLE, [r.as_dict() for r in records])
+
+    def add_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """As :meth:`add`, for rows given as mappings; typed by the record class registered for ``table``, if
+        any (:func:`commbench.records.record_for_table`), else as pandas infers."""
         if not rows:
             return
-        journal, csv_name, parquet_name = _TABLES[table]
-        with open(self.dir / journal, "a") as f:
+        with open(self.dir / journal_name(table), "a") as f:
             for row in rows:
                 f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self.rows[table].extend(rows)
-        df = _frame(self.rows[table], COLUMNS if table == "results" else None)
-        atomic_write_text(self.dir / csv_name, df.to_csv(index=False))
-        if parquet_name:
-            import io
+        self.rows[table].extend(dict(r) for r in rows)
+        write_table(self.dir, table, _frame(self.rows[table], self._types.get(table) or record_for_table(table)))
 
-            buf = io.BytesIO()
-            df.to_parquet(buf, index=False)
-            atomic_write_bytes(self.dir / parquet_name, buf.getvalue())
-
-    def write_crossover(self, rows: list[dict[str, Any]]) -> None:
-        df = _frame(rows, CROSSOVER_COLUMNS)
-        atomic_write_text(self.dir / "crossover.csv", df.to_csv(index=False))
+    def write_crossover(self, rows: Sequence[Crossover | Mapping[str, Any]]) -> None:
+        """``crossover.csv``, rewritten whole (it is derived from the results, not journaled)."""
+        dicts = [r.as_dict() if isinstance(r, Record) else dict(r) for r in rows]
+        atomic_write_text(self.dir / "crossover.csv", _frame(dicts, Crossover).to_csv(index=False))
 
 
 def check_new_run_dir(run_dir: Path) -> None:
@@ -188,36 +248,46 @@ def load_metadata(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return dict(meta)
 
 
-def _load_table(run_dir: str | os.PathLike[str], table: str, columns: Iterable[str] | None) -> pd.DataFrame:
+def load_table(run_dir: str | os.PathLike[str], record: type[Record] | str) -> pd.DataFrame:
+    """One table of a run directory as a frame (empty if the run has none).
+
+    ``record`` is the table's row type (its columns come first, in order, with its dtypes; extra columns
+    follow) or a table name (typed by the record registered for it, if any). Reads the parquet file, else the
+    CSV, else the journal, so schema-1 directories (no parquet for training tables) load too."""
     p = _require_run_dir(run_dir)
     load_metadata(p)
-    journal, csv_name, parquet_name = _TABLES[table]
-    if parquet_name and (p / parquet_name).is_file():
-        df = pd.read_parquet(p / parquet_name)
-    elif (p / csv_name).is_file():
-        df = pd.read_csv(p / csv_name)
+    table = record if isinstance(record, str) else record.TABLE
+    rtype = record_for_table(record) if isinstance(record, str) else record
+    if (p / f"{table}.parquet").is_file():
+        df = pd.read_parquet(p / f"{table}.parquet")
+    elif (p / f"{table}.csv").is_file():
+        df = pd.read_csv(p / f"{table}.csv")
     else:
-        df = _frame(read_journal(p / journal), None)
-    if columns is not None:
-        df = _frame(df.to_dict("records"), columns) if len(df) else pd.DataFrame(columns=list(columns))
-    return df
+        df = pd.DataFrame(read_journal(p / journal_name(table)))
+    if rtype is None:
+        return df
+    if not len(df):
+        return pd.DataFrame(columns=list(rtype.columns()))
+    # The table's dtypes whatever the source, so CSV, parquet and journal load alike; a column the data
+    # cannot take (an import's world size left unknown) keeps its own.
+    return _cast(_ordered(df, rtype), rtype)
 
 
 def load(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     """The tidy collective results of a run directory (one row per point; empty frame if none)."""
-    return _load_table(run_dir, "results", COLUMNS)
+    return load_table(run_dir, CollectivePoint)
 
 
 def load_training(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     """Training summary (one row per policy); empty frame if the run had no training section."""
-    df = _load_table(run_dir, "training", None)
+    df = load_table(run_dir, "training")
     if "warnings" in df.columns:  # an empty string reads back from CSV as NaN
         df["warnings"] = [w if isinstance(w, str) else "" for w in df["warnings"]]
     return df
 
 
 def load_training_steps(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    return _load_table(run_dir, "training_steps", None)
+    return load_table(run_dir, "training_steps")
 
 
 def load_crossover(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
@@ -246,13 +316,6 @@ def crossover(df: pd.DataFrame) -> list[dict[str, Any]]:
                 if all(wins[i:]):
                     cross = float(s)
                     break
-            out.append(
-                {
-                    "collective": coll,
-                    "payload": payload,
-                    "precision": prec,
-                    "crossover_bytes": cross,
-                    "note": "" if not math.isnan(cross) else "never in range",
-                }
-            )
+            note = "" if not math.isnan(cross) else "never in range"
+            out.append(Crossover(collective=coll, payload=payload, precision=prec, crossover_bytes=cross, note=note).as_dict())
     return out

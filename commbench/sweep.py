@@ -1,4 +1,5 @@
-"""The sweep: drives the collective x precision x size grid on every rank and yields one record per point.
+"""The sweep: drives the collective x precision x size grid on every rank and yields one record per point
+(a :class:`~commbench.records.CollectivePoint`).
 
 For each point: a correctness pass on exactly representable inputs (``wrong``, as nccl-tests -c), an error
 pass on the chosen payload distribution against a float64 reference computed locally from every rank's
@@ -24,6 +25,7 @@ from commbench.collectives import Collective, Layout, get_collective
 from commbench.config import SuiteConfig
 from commbench.launch import Dist
 from commbench.precision import Precision, get_precision
+from commbench.records import CollectivePoint
 from commbench.timing import Measurement, Stats, bandwidth_gbps, measure
 
 LOCAL_REFERENCE_MAX_RANKS = int(os.environ.get("COMMBENCH_LOCAL_REFERENCE_MAX_RANKS", "16"))
@@ -138,7 +140,7 @@ class Sweep:
 
         return mine, fp64_collective(mine), fp64_collective(mine.abs())
 
-    def run_point(self, pt: Point, index: int) -> dict[str, Any] | None:
+    def run_point(self, pt: Point, index: int) -> CollectivePoint | None:
         _fault_hook(self.d.rank, index)
         layout = self.layout(pt)
         if layout is None:
@@ -213,41 +215,41 @@ class Sweep:
         total_us = enc_us + comm_stats.time_us + dec_us
         fp32_bytes = layout.total * 4
         algbw = bandwidth_gbps(op.wire_bytes, comm_stats.time_us)
-        return {
-            "collective": coll.name,
-            "precision": prec.name,
-            "impl": prec.impl,
-            "backend": d.backend,
-            "device": d.device_name(),
-            "world_size": d.world_size,
-            "nodes": d.nodes,
-            "payload": suite.payload,
-            "dtype": prec.nccl_type,
-            "size_bytes": op.wire_bytes,
-            "count": layout.count,
-            "fp32_bytes": pt.fp32_bytes,
-            "wire_bytes": op.wire_bytes,
-            "time_us": comm_stats.time_us,
-            "time_us_max": comm_stats.time_us_max,
-            "p50_us": comm_stats.p50_us,
-            "p95_us": comm_stats.p95_us,
-            "cv": comm_stats.cv,
-            "rank_spread": comm_stats.rank_spread,
-            "iters": comm.iters,
-            "samples": len(comm.samples),
-            "algbw_gbps": algbw,
-            "busbw_gbps": algbw * coll.bus_factor(d.world_size),
-            "encode_us": enc_us,
-            "comm_us": comm_stats.time_us,
-            "decode_us": dec_us,
-            "total_us": total_us,
-            "effective_gbps": bandwidth_gbps(fp32_bytes, total_us),
-            "wrong": wrong_total,
-            "tolerance": tol,
-            "rel_err": rel_err,
-            "max_abs_err": max_abs,
-            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
+        return CollectivePoint(
+            collective=coll.name,
+            precision=prec.name,
+            impl=prec.impl,
+            backend=d.backend,
+            device=d.device_name(),
+            world_size=d.world_size,
+            nodes=d.nodes,
+            payload=suite.payload,
+            dtype=prec.nccl_type,
+            size_bytes=op.wire_bytes,
+            count=layout.count,
+            fp32_bytes=pt.fp32_bytes,
+            wire_bytes=op.wire_bytes,
+            time_us=comm_stats.time_us,
+            time_us_max=comm_stats.time_us_max,
+            p50_us=comm_stats.p50_us,
+            p95_us=comm_stats.p95_us,
+            cv=comm_stats.cv,
+            rank_spread=comm_stats.rank_spread,
+            iters=comm.iters,
+            samples=len(comm.samples),
+            algbw_gbps=algbw,
+            busbw_gbps=algbw * coll.bus_factor(d.world_size),
+            encode_us=enc_us,
+            comm_us=comm_stats.time_us,
+            decode_us=dec_us,
+            total_us=total_us,
+            effective_gbps=bandwidth_gbps(fp32_bytes, total_us),
+            wrong=wrong_total,
+            tolerance=tol,
+            rel_err=rel_err,
+            max_abs_err=max_abs,
+            timestamp=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        )
 
 
 def iter_points(sweep: Sweep, done: set[tuple[Any, ...]]) -> Iterator[tuple[int, Point]]:

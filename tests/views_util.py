@@ -18,14 +18,13 @@ from typing import Any
 
 import pandas as pd
 
+from commbench.collectives import get_collective
+from commbench.metadata import build_metadata
+from commbench.records import CollectivePoint
+from commbench.results import records_frame, write_table
+
 REPO = Path(__file__).resolve().parents[1]
 
-BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-}
 WIRE = {"fp32": ("float", 4), "bf16": ("bfloat16", 2), "fp8_e4m3": ("uint8", 1)}
 IMPL = {"fp32": "native", "bf16": "native", "fp8_e4m3": "fp8_bytes"}
 
@@ -39,8 +38,8 @@ def fabricate_rows(
     backend: str = "gloo",
     beta_gbps: float = 2.0,
 ) -> pd.DataFrame:
-    """Rows in the results schema from a latency + size/bandwidth model (numbers follow formulas)."""
-    rows: list[dict[str, Any]] = []
+    """Results records from a latency + size/bandwidth model (numbers follow formulas), as a frame."""
+    rows: list[CollectivePoint] = []
     for coll in collectives:
         for prec in precisions:
             dtype, width = WIRE[prec]
@@ -54,43 +53,43 @@ def fabricate_rows(
                     algbw = size / comm / 1e3
                     err = {"fp32": 1e-7, "bf16": 4e-3, "fp8_e4m3": 6e-2}[prec]
                     rows.append(
-                        {
-                            "collective": coll,
-                            "precision": prec,
-                            "impl": IMPL[prec],
-                            "backend": backend,
-                            "device": "cpu",
-                            "world_size": world,
-                            "nodes": 1,
-                            "payload": payload,
-                            "dtype": dtype,
-                            "size_bytes": size,
-                            "count": count,
-                            "fp32_bytes": fp32_bytes,
-                            "wire_bytes": size,
-                            "time_us": comm,
-                            "time_us_max": comm * 1.05,
-                            "p50_us": comm,
-                            "p95_us": comm * 1.1,
-                            "cv": 0.02,
-                            "rank_spread": 0.01,
-                            "iters": 100,
-                            "samples": 5,
-                            "algbw_gbps": algbw,
-                            "busbw_gbps": algbw * BUS_FACTOR[coll](world),
-                            "encode_us": enc,
-                            "comm_us": comm,
-                            "decode_us": enc,
-                            "total_us": total,
-                            "effective_gbps": fp32_bytes / total / 1e3,
-                            "wrong": 0,
-                            "tolerance": err * 4,
-                            "rel_err": 0.0 if prec == "fp32" and payload == "normal" else err,
-                            "max_abs_err": err * 3,
-                            "timestamp": "2026-01-01T00:00:00+00:00",
-                        }
+                        CollectivePoint(
+                            collective=coll,
+                            precision=prec,
+                            impl=IMPL[prec],
+                            backend=backend,
+                            device="cpu",
+                            world_size=world,
+                            nodes=1,
+                            payload=payload,
+                            dtype=dtype,
+                            size_bytes=size,
+                            count=count,
+                            fp32_bytes=fp32_bytes,
+                            wire_bytes=size,
+                            time_us=comm,
+                            time_us_max=comm * 1.05,
+                            p50_us=comm,
+                            p95_us=comm * 1.1,
+                            cv=0.02,
+                            rank_spread=0.01,
+                            iters=100,
+                            samples=5,
+                            algbw_gbps=algbw,
+                            busbw_gbps=algbw * get_collective(coll).bus_factor(world),
+                            encode_us=enc,
+                            comm_us=comm,
+                            decode_us=enc,
+                            total_us=total,
+                            effective_gbps=fp32_bytes / total / 1e3,
+                            wrong=0,
+                            tolerance=err * 4,
+                            rel_err=0.0 if prec == "fp32" and payload == "normal" else err,
+                            max_abs_err=err * 3,
+                            timestamp="2026-01-01T00:00:00+00:00",
+                        )
                     )
-    return pd.DataFrame(rows)
+    return records_frame(rows)
 
 
 def fabricate_training() -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -163,36 +162,30 @@ def fabricate_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     world = int(rows_kwargs.get("world", 2))
     if results:
-        df = fabricate_rows(**rows_kwargs)
-        df.to_csv(run_dir / "results.csv", index=False)
-        df.to_parquet(run_dir / "results.parquet", index=False)
+        write_table(run_dir, CollectivePoint.TABLE, fabricate_rows(**rows_kwargs))
     if training:
         summary, steps = fabricate_training()
-        summary.to_csv(run_dir / "training.csv", index=False)
-        steps.to_csv(run_dir / "training_steps.csv", index=False)
-    meta: dict[str, Any] = {
-        "schema_version": 1,
-        "commbench_version": "0.1.0",
-        "git_commit": "abc123",
-        "start_time": "2026-01-01T00:00:00+00:00",
-        "end_time": "2026-01-01T00:01:00+00:00",
-        "host": host,
-        "hosts": [host],
-        "device_name": "cpu",
-        "backend": rows_kwargs.get("backend", "gloo"),
-        "world_size": world,
-        "nodes": 1,
-        "nproc_per_node": world,
-        "threads_per_rank": 1,
-        "launcher": "local",
-        "torch_version": "2.13.0+cpu",
-        "nccl_version": None,
-        "python_version": "3.11",
-        "platform": "Linux",
-        "suite": {"name": "fabricated"},
-        "timing": {"warmup": 1, "min_time_s": 0.01, "repeats": 5, "max_iters": 1000},
-        "argv": ["commbench", "run"],
-    }
+        write_table(run_dir, "training", summary)
+        write_table(run_dir, "training_steps", steps)
+    meta = build_metadata(
+        git_commit="abc123",
+        start_time="2026-01-01T00:00:00+00:00",
+        end_time="2026-01-01T00:01:00+00:00",
+        host=host,
+        hosts=[host],
+        device_name="cpu",
+        backend=rows_kwargs.get("backend", "gloo"),
+        world_size=world,
+        nodes=1,
+        nproc_per_node=world,
+        threads_per_rank=1,
+        launcher="local",
+        torch_version="2.13.0+cpu",
+        nccl_version=None,
+        suite={"name": "fabricated"},
+        timing={"warmup": 1, "min_time_s": 0.01, "repeats": 5, "max_iters": 1000},
+        argv=["commbench", "run"],
+    )
     meta.update(meta_extra or {})
     (run_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
     return run_dir
