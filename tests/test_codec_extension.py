@@ -208,7 +208,7 @@ def _world(rank: int, n: int) -> dict[str, Any]:
     sweep = Sweep(suite, d)
     rows = [sweep.run_point(pt, i) for i, pt in enumerate(sweep.points())]
     out["rows"] = [
-        {k: r[k] for k in ("collective", "precision", "impl", "wire_bytes", "wrong", "algbw_gbps", "busbw_gbps")}
+        {k: getattr(r, k) for k in ("collective", "precision", "impl", "wire_bytes", "wrong", "algbw_gbps", "busbw_gbps")}
         for r in rows
         if r is not None
     ]
