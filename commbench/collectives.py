@@ -43,6 +43,8 @@ class Collective(ABC):
     """nccl-tests' ``redop`` column: ``sum`` for reductions, ``none`` otherwise."""
     reduces: ClassVar[bool]
     """True when the output is a sum over ranks (the reduction happens in the wire dtype)."""
+    description: ClassVar[str]
+    """One line for ``commbench list``: nccl-tests' size definition and busbw factor."""
 
     @abstractmethod
     def bus_factor(self, n: int) -> float:
@@ -70,6 +72,7 @@ class Collective(ABC):
 
 class AllReduce(Collective):
     name = "all_reduce"
+    description = "buffer; 2(n-1)/n"
     redop = "sum"
     reduces = True
 
@@ -95,6 +98,7 @@ class AllReduce(Collective):
 
 class AllGather(Collective):
     name = "all_gather"
+    description = "total output; (n-1)/n"
     redop = "none"
     reduces = False
 
@@ -113,6 +117,7 @@ class AllGather(Collective):
 
 class ReduceScatter(Collective):
     name = "reduce_scatter"
+    description = "total input; (n-1)/n"
     redop = "sum"
     reduces = True
 
@@ -132,6 +137,7 @@ class ReduceScatter(Collective):
 
 class AllToAll(Collective):
     name = "all_to_all"
+    description = "per-rank buffer; (n-1)/n"
     redop = "none"
     reduces = False
 
