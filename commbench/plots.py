@@ -298,17 +298,19 @@ def _per_collective_lines(
     return fig
 
 
-@FIGURES.register(
-    "busbw",
-    "Bus bandwidth vs message size (nccl-tests busbw), one line per precision.",
-)
+def _speed_lines(run: RunData, **kw: Any) -> Figure | None:
+    """`_per_collective_lines` over the primary payload's rows, or None when they hold no `y` values."""
+    df = speed_rows(run.results)
+    if df.empty or not has_values(df, kw["y"]):
+        return None
+    return _per_collective_lines(run, df, **kw)
+
+
+@FIGURES.register("busbw", "Bus bandwidth vs message size (nccl-tests busbw), one line per precision.")
 def fig_busbw(run: RunData) -> Figure | None:
     """busbw vs message size per collective, one line per precision."""
-    df = speed_rows(run.results)
-    if df.empty or not has_values(df, "busbw_gbps"):
-        return None
-    return _per_collective_lines(
-        run, df, x="size_bytes", y="busbw_gbps", xlabel="message size (nccl-tests size, bytes on the wire)",
+    return _speed_lines(
+        run, x="size_bytes", y="busbw_gbps", xlabel="message size (nccl-tests size, bytes on the wire)",
         ylabel="bus bandwidth (GB/s)", title="Bus bandwidth vs message size",
     )  # fmt: skip
 
@@ -353,24 +355,17 @@ def fig_effective(run: RunData) -> Figure | None:
     )  # fmt: skip
 
 
-@FIGURES.register(
-    "latency",
-    "Time per operation vs message size (log-log).",
-)
+@FIGURES.register("latency", "Time per operation vs message size (log-log).")
 def fig_latency(run: RunData) -> Figure | None:
     """Latency (time per op) vs message size, log-log, per collective."""
-    df = speed_rows(run.results)
-    if df.empty or not has_values(df, "time_us"):
-        return None
-    return _per_collective_lines(
-        run, df, x="size_bytes", y="time_us", xlabel="message size (bytes on the wire)",
+    return _speed_lines(
+        run, x="size_bytes", y="time_us", xlabel="message size (bytes on the wire)",
         ylabel="time per op (us)", title="Latency vs message size", log_y=True,
     )  # fmt: skip
 
 
 @FIGURES.register(
-    "error",
-    "Relative error of the decoded result against a float64 reference, per payload distribution.",
+    "error", "Relative error of the decoded result against a float64 reference, per payload distribution."
 )
 def fig_error(run: RunData) -> Figure | None:
     """Relative error vs size per precision (log y): rows = collective, columns = payload."""
@@ -418,10 +413,7 @@ def _fp32_policy(policies: Iterable[str]) -> str | None:
     return None
 
 
-@FIGURES.register(
-    "training_time_mem",
-    "Training step time (p50, whisker to p95) and peak memory per policy.",
-)
+@FIGURES.register("training_time_mem", "Training step time (p50, whisker to p95) and peak memory per policy.")
 def fig_training_bars(run: RunData) -> Figure | None:
     """Step time (p50, p95 whisker) and peak memory bars per policy."""
     t = run.training
@@ -468,10 +460,7 @@ def comm_bytes_by_dtype(t: pd.DataFrame) -> pd.DataFrame:
     return out.reindex([str(p) for p in t["policy"]]).fillna(0.0)
 
 
-@FIGURES.register(
-    "training_bytes",
-    "Bytes communicated per training step, stacked by wire dtype.",
-)
+@FIGURES.register("training_bytes", "Bytes communicated per training step, stacked by wire dtype.")
 def fig_training_bytes(run: RunData) -> Figure | None:
     """Communicated bytes per step, stacked by wire dtype, per policy."""
     t = run.training
@@ -499,10 +488,7 @@ def fig_training_bytes(run: RunData) -> Figure | None:
     return fig
 
 
-@FIGURES.register(
-    "training_curves",
-    "Loss and gradient norm per step against the fp32 reference.",
-)
+@FIGURES.register("training_curves", "Loss and gradient norm per step against the fp32 reference.")
 def fig_training_curves(run: RunData) -> Figure | None:
     """Loss and grad-norm vs step per policy, the fp32 reference drawn thick and black."""
     s = run.training_steps
