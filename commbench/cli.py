@@ -7,9 +7,8 @@ import argparse
 import datetime as _dt
 import json
 import os
-import socket
 import sys
-import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,19 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run", *argv]
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "run":
-            return cmd_run(args, argv)
         if args.command is None:
-            raise CLIError("no command given; valid commands: run, list, report, compare, import")
-        if args.command == "list":
-            return cmd_list()
-        if args.command == "report":
-            return cmd_report(args)
-        if args.command == "compare":
-            return cmd_compare(args)
-        if args.command == "import":
-            return cmd_import(args)
-        raise CLIError(f"unknown command {args.command!r}")
+            raise CLIError(f"no command given; valid commands: {', '.join(COMMANDS)}")
+        command = COMMANDS.get(args.command)
+        if command is None:
+            raise CLIError(f"unknown command {args.command!r}")
+        return command(args, argv)
     except CLIError as e:
         print(f"commbench: error: {e}", file=sys.stderr)
         return 2
@@ -140,6 +132,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- run
+
+
+SUITE_OVERRIDES: dict[str, str] = {
+    "collectives": "collectives",
+    "precisions": "precisions",
+    "min_bytes": "minbytes",
+    "max_bytes": "maxbytes",
+    "factor": "stepfactor",
+    "payload": "payload",
+    "check": "check",
+}
+"""Suite field -> `run` flag (argparse dest) that overrides it when given."""
 
 
 def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
@@ -165,29 +169,16 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
         if not suite.collectives:
             raise CLIError(f"suite {suite.name!r} has only a [training] section; --no-training leaves nothing to run")
         suite = replace(suite, training=None)
+    overrides = {field: getattr(args, flag) for field, flag in SUITE_OVERRIDES.items()}
     try:
-        return suite.with_overrides(
-            collectives=args.collectives,
-            precisions=args.precisions,
-            min_bytes=args.minbytes,
-            max_bytes=args.maxbytes,
-            factor=args.stepfactor,
-            payload=args.payload,
-            check=args.check,
-            timing=timing,
-        )
+        return suite.with_overrides(**overrides, timing=timing)
     except TypeError as e:
         raise CLIError(str(e)) from None
 
 
-def default_run_dir(backend: str, world: int) -> Path:
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
-    return Path("results") / f"{stamp}-{host}-{backend}-n{world}"
-
-
 def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     from commbench.launch import RankFailure, default_nproc, detect_world, resolve_backend, spawn_local
+    from commbench.orchestrate import default_run_dir, report_after_run, run_worker
     from commbench.results import RunDirError, check_new_run_dir, load_metadata
 
     suite = resolve_suite(args)  # validate before anything is spawned or written
@@ -226,194 +217,18 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"commbench: finished points are kept in {out} (continue with --resume {out})", file=sys.stderr)
         return 1
     if not args.no_report:
-        _report_after_run(out)
+        report_after_run(out)
     return 0
 
 
-def _report_after_run(out: Path) -> None:
-    try:
-        from commbench.report import write_report
-    except ImportError:
-        return
-    try:
-        paths = write_report(out)
-        print(f"# report: {paths.get('html', out / 'report.html')}")
-    except Exception as e:  # the measurements are safe on disk; a report failure must not hide that
-        print(f"commbench: warning: report failed ({type(e).__name__}: {e}); run `commbench report {out}` again", file=sys.stderr)
-
-
-def run_metadata(suite: SuiteConfig, d: Any, argv: list[str], start: str) -> dict[str, Any]:
-    from commbench.metadata import run_metadata as build
-
-    return build(suite, d, argv, start)
-
-
-def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
-    """One rank of the run (spawned locally, or started by torchrun / srun / mpirun)."""
-    import torch.distributed as dist
-
-    from commbench.launch import detect_world, init_world, set_parent_death_signal, shutdown_world
-    from commbench.results import RunWriter
-
-    if os.environ.get("COMMBENCH_PARENT_PID"):
-        set_parent_death_signal()
-    import warnings
-
-    # torch >= 2.10 deprecates the *_into_tensor names once per call site; the numbers do not change.
-    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use `torch\.distributed\.", category=FutureWarning)
-    info = detect_world()
-    assert info is not None
-    start = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    d = init_world(info, args.backend, args.timeout)
-    try:
-        # Rank 0 owns the run directory; a failure there must stop every rank, not leave them waiting.
-        writer: RunWriter | None = None
-        problem = ""
-        out = args.resume or args.out or default_run_dir(d.backend, d.world_size)
-        if d.rank == 0:
-            try:
-                writer = RunWriter(Path(out), resume=args.resume is not None)
-                if args.resume is not None:
-                    meta = json.loads((writer.dir / "metadata.json").read_text())
-                    if (meta.get("world_size"), meta.get("backend")) != (d.world_size, d.backend):
-                        raise ValueError(
-                            f"cannot resume {out}: it ran {meta.get('world_size')} ranks on {meta.get('backend')}, this world has {d.world_size} on {d.backend}"
-                        )
-                else:
-                    user_argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
-                    writer.write_metadata(run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start))
-            except ValueError as e:
-                problem = str(e)
-        verdict: list[Any] = [problem]
-        dist.broadcast_object_list(verdict, src=0)
-        if verdict[0]:
-            if d.rank == 0:
-                print(f"commbench: error: {verdict[0]}", file=sys.stderr)
-            return 2
-        _run_sweep(suite, d, writer, quiet=args.quiet)
-        if suite.training is not None:
-            _run_training(suite, d, writer)
-        if writer is not None:
-            meta = json.loads((writer.dir / "metadata.json").read_text())
-            meta["end_time"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            writer.write_metadata(meta)
-            print(f"# results: {writer.dir}")
-        # Every rank has finished its collectives and rank 0 its writes: leave together, so no rank tears
-        # down while a peer (or the rendezvous store on rank 0) is still needed.
-        d.barrier()
-        if d.rank == 0 and info.launcher != "local" and not args.no_report:
-            _report_after_run(Path(out))
-        return 0
-    except Exception:
-        traceback.print_exc()
-        print(f"commbench: rank {d.rank} failed", file=sys.stderr)
-        return 1
-    finally:
-        shutdown_world()
-
-
-def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
-    from commbench.results import crossover
-    from commbench.sweep import Sweep, agree_done, iter_points
-    from commbench.table import HEADER, UNITS, block_title, format_row
-
-    sweep = Sweep(suite, d)
-    done = agree_done(d, writer.done_keys() if writer is not None else set())
-    todo = list(iter_points(sweep, done))
-    progress = None
-    task = None
-    printer = print
-    if d.rank == 0:
-        for c, p in sweep.skipped():
-            print(f"# skipped {c} x {p}: not supported on backend {d.backend}")
-        if not quiet and todo:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=Console(stderr=True), transient=True,
-            )  # fmt: skip
-            progress.start()
-            task = progress.add_task("sweep", total=len(todo))
-    current: tuple[str, str] | None = None
-    try:
-        for index, pt in todo:
-            point = sweep.run_point(pt, index)
-            if d.rank == 0:
-                if point is not None:
-                    assert writer is not None
-                    writer.add([point])
-                    row = point.as_dict()
-                    block = (row["collective"], row["precision"])
-                    if block != current:
-                        current = block
-                        printer("#")
-                        printer(block_title(row, pt.collective.redop))
-                        printer(HEADER)
-                        printer(UNITS)
-                    printer(format_row(row, pt.collective.redop))
-                    sys.stdout.flush()
-                if progress is not None and task is not None:
-                    progress.update(task, advance=1, description=f"{pt.collective.name} {pt.precision.name}")
-    finally:
-        if progress is not None:
-            progress.stop()
-    if d.rank == 0 and writer is not None:
-        import pandas as pd
-
-        df = pd.DataFrame(writer.rows["results"])
-        if not df.empty:
-            noisy = int((df["cv"] >= 0.10).sum())
-            if noisy:  # pyperf's rule: say so instead of hiding it
-                print(
-                    f"# warning: {noisy} of {len(df)} points have a coefficient of variation >= 10 %: timings are noisy "
-                    "(other load on the machine, or too few samples: raise --min-time / --repeats)"
-                )
-        cross = crossover(df)
-        writer.write_crossover(cross)
-        if cross:
-            print("#\n# crossover: smallest fp32 tensor size from which a precision beats fp32 on effective bandwidth")
-            from commbench.config import format_size
-
-            for row in cross:
-                where = format_size(int(row["crossover_bytes"])) if row["note"] == "" else row["note"]
-                print(f"#   {row['collective']:<15} {row['precision']:<20} {where}")
-
-
-def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
-    import torch.distributed as dist
-
-    from commbench.training import run_training
-
-    assert suite.training is not None
-    # --resume: rank 0 knows which policies finished; every rank must skip the same ones.
-    done: list[Any] = [sorted(writer.done_policies()) if writer is not None else None]
-    dist.broadcast_object_list(done, src=0)
-
-    def on_done(summary: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
-        if writer is not None:
-            writer.add_rows("training", summary)
-            writer.add_rows("training_steps", steps)
-            for row in summary:
-                print(
-                    f"# training {row.get('policy'):<24} step p50 {row.get('step_time_us_p50', float('nan')) / 1e3:8.2f} ms"
-                    f"  comm/step {row.get('comm_bytes_per_step', 0):>12,.0f} B  final-loss drift {row.get('final_loss_drift', float('nan')):.3g}"
-                    + (f"  WARN {row['warnings']}" if row.get("warnings") else "")
-                )
-
-    run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]))
-
-
-def cmd_list() -> int:
+def cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
     from commbench.collectives import COLLECTIVES
     from commbench.config import available_suites
     from commbench.precision import get_precision, precision_help, precision_names
 
     print("collectives (size definition; busbw factor):")
-    defs = {"all_reduce": "buffer; 2(n-1)/n", "all_gather": "total output; (n-1)/n", "reduce_scatter": "total input; (n-1)/n", "all_to_all": "per-rank buffer; (n-1)/n"}
-    for name in COLLECTIVES:
-        print(f"  {name:<16} {defs.get(name, '')}")
+    for name, coll in COLLECTIVES.items():
+        print(f"  {name:<16} {getattr(coll, 'description', '')}")
     print("precisions (name[:option]):")
     helps = precision_help()
     for name in precision_names():
@@ -433,7 +248,7 @@ def cmd_list() -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     from commbench.report import write_report
     from commbench.results import load_metadata
 
@@ -444,7 +259,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
     from commbench.compare import compare_runs, compare_warnings
     from commbench.results import load_metadata
 
@@ -463,7 +278,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_import(args: argparse.Namespace) -> int:
+def cmd_import(args: argparse.Namespace, argv: list[str]) -> int:
     from commbench.nccl_import import import_nccl_tests
 
     if not args.file.is_file():
@@ -471,6 +286,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     out = import_nccl_tests(args.file, args.out, collective=args.collective)
     print(f"imported {args.file} -> {out}")
     return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
+    "run": cmd_run,
+    "list": cmd_list,
+    "report": cmd_report,
+    "compare": cmd_compare,
+    "import": cmd_import,
+}
+"""Sub-command -> handler (parsed arguments, the argv as typed) -> exit code."""
 
 
 def console_main() -> None:

@@ -12,18 +12,29 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
-from commbench import plots, report
-from commbench.plots import RunData, human_size, load_run
+from commbench import report
+from commbench.plots import FigureRegistry, grid, log2_size_axis, log_y_axis, no_math
 from commbench.report import Table, fmt
+from commbench.rundata import COLLECTIVE_ORDER, FP32_PRECISION, RunData, human_size, load_run, order, speed_rows
 
-__all__ = ["aligned", "compare_runs", "compare_warnings", "ratio_table", "resolve_labels"]
+__all__ = [
+    "COMPARE_FIGURES",
+    "Comparison",
+    "aligned",
+    "compare_runs",
+    "compare_warnings",
+    "ratio_table",
+    "resolve_labels",
+]
 
 ALIGN_KEYS = ["collective", "precision", "size_bytes"]
 LINESTYLES = ["-", "--", ":", "-."]
@@ -99,7 +110,7 @@ def _points(run: RunData) -> pd.DataFrame:
     df = run.results
     if df.empty:
         return pd.DataFrame(columns=[*ALIGN_KEYS, "busbw_gbps", "time_us", "effective_gbps"])
-    df = plots._speed_rows(df)
+    df = speed_rows(df)
     vals = [c for c in ("busbw_gbps", "time_us", "algbw_gbps", "effective_gbps") if c in df.columns]
     d = df[ALIGN_KEYS + vals].copy()
     for c in vals:
@@ -127,8 +138,8 @@ def ratio_table(al: pd.DataFrame, labels: list[str]) -> Table:
     for b in labels[1:]:
         cols += [f"busbw {b}", f"busbw {b}/{a}", f"time {b}", f"time {b}/{a}"]
     rows = []
-    order = plots._order(al["collective"].unique(), plots.COLLECTIVE_ORDER) if len(al) else []
-    for coll in order:
+    colls = order(al["collective"].unique(), COLLECTIVE_ORDER) if len(al) else []
+    for coll in colls:
         g = al[al["collective"] == coll].sort_values(["precision", "size_bytes"])
         for _, r in g.iterrows():
             row = [
@@ -176,8 +187,8 @@ def summary_table(al: pd.DataFrame, labels: list[str]) -> Table:
         cols += [f"busbw {b}/{a} (geomean)", f"time {b}/{a} (geomean)", f"busbw {b}/{a} @ largest"]
     rows = []
     if len(al):
-        corder = plots._order(al["collective"].unique(), plots.COLLECTIVE_ORDER)
-        porder = plots._order(al["precision"].unique(), (plots.FP32_PRECISION,))
+        corder = order(al["collective"].unique(), COLLECTIVE_ORDER)
+        porder = order(al["precision"].unique(), (FP32_PRECISION,))
         al = al.assign(_c=al["collective"].map(corder.index), _p=al["precision"].map(porder.index))
         al = al.sort_values(["_c", "_p", "size_bytes"])
         for (coll, prec), g in al.groupby(["collective", "precision"], sort=False):
@@ -198,12 +209,12 @@ def runs_table(runs: list[RunData], labels: list[str]) -> Table:
     return Table("runs", "Runs compared", ["label", "run directory", *keys], rows)
 
 
-def _overlay(al: pd.DataFrame, labels: list[str], metric: str, ylabel: str, what: str, logy: bool) -> Any:
-    colls = plots._order(al["collective"].unique(), plots.COLLECTIVE_ORDER)
-    fig, axes = plots._grid(len(colls))
-    precs = plots._order(al["precision"].unique(), (plots.FP32_PRECISION,))
+def _overlay(al: pd.DataFrame, labels: list[str], metric: str, ylabel: str, what: str, logy: bool) -> Figure:
+    colls = order(al["collective"].unique(), COLLECTIVE_ORDER)
+    fig, axes = grid(len(colls))
+    precs = order(al["precision"].unique(), (FP32_PRECISION,))
     cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    colour = {p: ("black" if p == plots.FP32_PRECISION else cycle[i % len(cycle)]) for i, p in enumerate(precs)}
+    colour = {p: ("black" if p == FP32_PRECISION else cycle[i % len(cycle)]) for i, p in enumerate(precs)}
     for ax, coll in zip(axes, colls, strict=True):
         g = al[al["collective"] == coll]
         for prec in precs:
@@ -218,11 +229,11 @@ def _overlay(al: pd.DataFrame, labels: list[str], metric: str, ylabel: str, what
                     marker="o",
                     markersize=3,
                     color=colour[prec],
-                    label=plots.no_math(f"{prec} [{lab}]"),
+                    label=no_math(f"{prec} [{lab}]"),
                 )
-        plots._log2_size_axis(ax, g["size_bytes"])
+        log2_size_axis(ax, g["size_bytes"])
         if logy:
-            plots._log_y(ax)
+            log_y_axis(ax)
         ax.set_title(coll)
         ax.set_xlabel("message size (bytes on the wire)")
         ax.set_ylabel(ylabel)
@@ -233,16 +244,34 @@ def _overlay(al: pd.DataFrame, labels: list[str], metric: str, ylabel: str, what
     return fig
 
 
-def _write_fig(fig: Any, out: Path, name: str) -> dict[str, Path]:
-    paths = {}
-    try:
-        for f in ("png", "svg"):
-            p = out / f"{name}.{f}"
-            fig.savefig(p, format=f, dpi=110, metadata={"Date": None} if f == "svg" else {})
-            paths[f] = p
-    finally:
-        plt.close(fig)
-    return paths
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """What compare's figures draw: the aligned points and the run labels, baseline first."""
+
+    aligned: pd.DataFrame
+    """`aligned()` of the runs: one row per common point, `<metric>|<label>` columns."""
+    labels: list[str]
+    """One label per run; the first is the baseline A."""
+
+
+COMPARE_FIGURES: FigureRegistry[Comparison] = FigureRegistry()
+"""compare's figures (overlays of the aligned runs), in the document's order."""
+
+
+@COMPARE_FIGURES.register(
+    "compare_busbw", "Bus bandwidth of the aligned points, one colour per precision, one line style per run."
+)
+def fig_compare_busbw(c: Comparison) -> Figure | None:
+    if c.aligned.empty:
+        return None
+    return _overlay(c.aligned, c.labels, "busbw_gbps", "bus bandwidth (GB/s)", "Bus bandwidth", False)
+
+
+@COMPARE_FIGURES.register("compare_latency", "Time per op of the aligned points (log-log).")
+def fig_compare_latency(c: Comparison) -> Figure | None:
+    if c.aligned.empty:
+        return None
+    return _overlay(c.aligned, c.labels, "time_us", "time per op (us)", "Latency", True)
 
 
 def compare_runs(run_dirs: list[Path], labels: list[str] | None, out_dir: Path) -> dict[str, Path]:
@@ -258,19 +287,9 @@ def compare_runs(run_dirs: list[Path], labels: list[str] | None, out_dir: Path) 
     out.mkdir(parents=True, exist_ok=True)
     warns = compare_warnings(runs, labs)
     al = aligned(runs, labs)
-    written: dict[str, dict[str, Path]] = {}
-    if not al.empty:
-        (out / "plots").mkdir(exist_ok=True)
-        for name, metric, ylabel, what, logy in (
-            ("compare_busbw", "busbw_gbps", "bus bandwidth (GB/s)", "Bus bandwidth", False),
-            ("compare_latency", "time_us", "time per op (us)", "Latency", True),
-        ):
-            written[name] = _write_fig(_overlay(al, labs, metric, ylabel, what, logy), out / "plots", name)
-    captions = {
-        "compare_busbw": "Bus bandwidth of the aligned points, one colour per precision, one line style per run.",
-        "compare_latency": "Time per op of the aligned points (log-log).",
-    }
-    figures = [(n, captions[n], p["png"], p.get("svg")) for n, p in written.items()]
+    # no plots/ folder when nothing aligns: the documents say so, and there is nothing to draw.
+    written = COMPARE_FIGURES.write(Comparison(al, labs), out / "plots") if not al.empty else {}
+    figures = [(n, COMPARE_FIGURES[n].caption, p["png"], p.get("svg")) for n, p in written.items()]
     sections = [
         ("runs", "Runs", [runs_table(runs, labs)]),
         ("summary", "Summary", [summary_table(al, labs)]),

@@ -13,7 +13,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli (a dependency there)
+    import tomli as tomllib  # type: ignore[no-redef]
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}

@@ -1,21 +1,23 @@
 """Figures over a run directory: bandwidth, latency, numerical error and training views.
 
-This module owns every matplotlib figure commbench draws and the small loader (`load_run`) that the
-views (plots, report, compare, notebook) share. It only reads run directories through
-`commbench.results`' loaders; it never imports torch.distributed and never measures anything.
+This module owns the figure registry (`FigureRegistry`: name, builder, caption), the run figures
+registered in `FIGURES`, and the drawing helpers other views reuse (`grid`, `log2_size_axis`, `log_y_axis`,
+`no_math`, `save_figure`). Runs are loaded by `commbench.rundata` (its `load_run` and `RunData` are
+re-exported here for the notebook); nothing here imports torch.distributed or measures anything.
 
 Each `fig_*` function returns a `matplotlib.figure.Figure` (or None when the run has nothing to
 draw for it), so the notebook can show them inline; `write_plots` saves them as PNG and SVG.
+Adding a figure: decorate its builder with `FIGURES.register(name, caption)`; the report shows it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import matplotlib
 
@@ -28,10 +30,26 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-from commbench import results as res
+from commbench.rundata import (
+    FP32_PRECISION,
+    PAYLOAD_ORDER,
+    RunData,
+    as_tuple,
+    collectives,
+    has_values,
+    human_size,
+    load_run,
+    order,
+    primary_payload,
+    series_columns,
+    series_label,
+    speed_rows,
+)
 
 __all__ = [
     "FIGURES",
+    "FigureRegistry",
+    "FigureSpec",
     "RunData",
     "fig_busbw",
     "fig_effective",
@@ -40,74 +58,109 @@ __all__ = [
     "fig_training_bars",
     "fig_training_bytes",
     "fig_training_curves",
+    "grid",
     "human_size",
     "load_run",
+    "log2_size_axis",
+    "log_y_axis",
+    "no_math",
     "primary_payload",
     "run_title",
+    "save_figure",
     "series_columns",
     "write_plots",
 ]
 
-COLLECTIVE_ORDER = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-PAYLOAD_ORDER = ("normal", "gradient", "outliers")
-# Columns that may distinguish two series at the same (collective, size); a column only enters a
-# legend label when it actually varies, so ordinary runs keep short labels.
-SERIES_CANDIDATES = ("precision", "impl", "placement", "redop")
-FP32_PRECISION = "fp32"
+# --------------------------------------------------------------------------- the figure registry
 
 
-@dataclass(slots=True)
-class RunData:
-    """Everything a view needs from one run directory (empty frames where a table is absent)."""
-
-    run_dir: Path
-    """The run directory the tables came from."""
-    results: pd.DataFrame
-    """One row per measured collective point (commbench.load)."""
-    metadata: dict[str, Any]
-    """metadata.json as a dict."""
-    crossover: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """crossover.csv, or computed from results when the run has none."""
-    training: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """training.csv summary, one row per policy."""
-    training_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """training_steps.csv, one row per policy x step."""
+S = TypeVar("S")
 
 
-def load_run(run_dir: Path | str) -> RunData:
-    """Load one run directory through commbench.results' public loaders.
+@dataclass(frozen=True, slots=True)
+class FigureSpec(Generic[S]):
+    """One figure a view draws: its name (file stem and anchor), how to build it, what it shows."""
 
-    Raises commbench.results.RunDirError (a ValueError) when the directory is not a readable run.
+    name: str
+    """File stem under plots/ and the report's anchor (ASCII, from code)."""
+    build: Callable[[S], Figure | None]
+    """Draws the figure from the view's subject, or returns None when the subject has nothing for it."""
+    caption: str
+    """The sentence under the figure in the report."""
+
+    def __call__(self, subject: S) -> Figure | None:
+        return self.build(subject)
+
+
+class FigureRegistry(Mapping[str, FigureSpec[S]]):
+    """Figures of one kind of subject (a run for the report, aligned runs for compare), in drawing order.
+
+    Adding a figure is one `register` call; every view that draws this registry shows it, with its caption.
     """
-    run_dir = Path(run_dir)
-    results = res.load(run_dir)
-    metadata = res.load_metadata(run_dir)
-    crossover = res.load_crossover(run_dir)
-    if crossover.empty and _has(results, "effective_gbps"):
-        # imported or older runs carry no crossover.csv: same definition, computed here.
-        crossover = pd.DataFrame(res.crossover(results), columns=list(res.CROSSOVER_COLUMNS))
-    return RunData(
-        run_dir,
-        results,
-        metadata,
-        crossover,
-        res.load_training(run_dir),
-        res.load_training_steps(run_dir),
-    )
+
+    def __init__(self) -> None:
+        self._specs: dict[str, FigureSpec[S]] = {}
+
+    def register(
+        self, name: str, caption: str
+    ) -> Callable[[Callable[[S], Figure | None]], Callable[[S], Figure | None]]:
+        """Decorator: register `build` under `name` with `caption` (a name may be registered once)."""
+
+        def add(build: Callable[[S], Figure | None]) -> Callable[[S], Figure | None]:
+            if name in self._specs:
+                raise ValueError(f"figure {name!r} is already registered")
+            self._specs[name] = FigureSpec(name, build, caption)
+            return build
+
+        return add
+
+    def unregister(self, name: str) -> None:
+        del self._specs[name]
+
+    def __getitem__(self, name: str) -> FigureSpec[S]:
+        return self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def write(
+        self, subject: S, out_dir: Path, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 110
+    ) -> dict[str, dict[str, Path]]:
+        """Draw every figure the subject has data for into out_dir; returns {name: {format: path}}."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written: dict[str, dict[str, Path]] = {}
+        for name, spec in self._specs.items():
+            fig = spec.build(subject)
+            if fig is not None:
+                written[name] = save_figure(fig, out_dir, name, formats, dpi)
+        return written
 
 
-# --------------------------------------------------------------------------- helpers
+def save_figure(
+    fig: Figure, out_dir: Path, name: str, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 110
+) -> dict[str, Path]:
+    """Save `fig` as out_dir/name.<format> for each format and close it; returns {format: path}."""
+    try:
+        paths: dict[str, Path] = {}
+        for fmt in formats:
+            p = out_dir / f"{name}.{fmt}"
+            # no date in svg metadata: rerunning the report on the same run gives the same file.
+            meta = {"Date": None} if fmt == "svg" else {}
+            fig.savefig(p, format=fmt, dpi=dpi, metadata=meta)
+            paths[fmt] = p
+        return paths
+    finally:
+        plt.close(fig)
 
 
-def human_size(n: float) -> str:
-    """Bytes as nccl-tests/commbench size strings: 1024-based, 8 -> '8B', 65536 -> '64K'."""
-    if n is None or not math.isfinite(n):
-        return ""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:.0f}{unit}" if float(v).is_integer() else f"{v:.3g}{unit}"
-    return f"{n:.0f}B"
+FIGURES: FigureRegistry[RunData] = FigureRegistry()
+"""The run figures, in the report's order; the name is the file stem under plots/ and the report's anchor."""
+
+
+# --------------------------------------------------------------------------- drawing helpers
 
 
 def run_title(meta: dict[str, Any], what: str) -> str:
@@ -123,43 +176,7 @@ def run_title(meta: dict[str, Any], what: str) -> str:
     return f"{what}\n{backend}, {layout}, host {host}{dev}"
 
 
-def _order(values: Iterable[str], preferred: tuple[str, ...]) -> list[str]:
-    vals = list(dict.fromkeys(str(v) for v in values))
-    return [v for v in preferred if v in vals] + sorted(v for v in vals if v not in preferred)
-
-
-def series_columns(df: pd.DataFrame) -> list[str]:
-    """The columns whose values vary in `df` and so must enter a series label (precision always)."""
-    cols = ["precision"]
-    if df.empty or "precision" not in df.columns:
-        return cols
-    for c in SERIES_CANDIDATES[1:]:
-        # only when one precision has several values (fp8 by bytes and natively, in/out-of-place),
-        # not when the column merely differs between precisions.
-        if c in df.columns and df.groupby("precision")[c].nunique(dropna=True).max() > 1:
-            cols.append(c)
-    return cols
-
-
-def _label(keys: tuple[Any, ...], cols: list[str]) -> str:
-    parts = [str(keys[0])]
-    parts += [f"{c}={k}" for c, k in zip(cols[1:], keys[1:], strict=True)]
-    return " ".join(parts)
-
-
-def primary_payload(df: pd.DataFrame) -> str | None:
-    """Bandwidth does not depend on the values sent, so speed plots use one payload: normal first."""
-    if "payload" not in df.columns or df["payload"].dropna().empty:
-        return None
-    return _order(df["payload"].dropna().unique(), PAYLOAD_ORDER)[0]
-
-
-def _speed_rows(df: pd.DataFrame) -> pd.DataFrame:
-    p = primary_payload(df)
-    return df if p is None else df[df["payload"].astype(str) == p]
-
-
-def _grid(n: int, ncols_max: int = 2, w: float = 6.0, h: float = 4.2) -> tuple[Figure, list[Axes]]:
+def grid(n: int, ncols_max: int = 2, w: float = 6.0, h: float = 4.2) -> tuple[Figure, list[Axes]]:
     ncols = min(n, ncols_max)
     nrows = math.ceil(n / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows + 0.9), squeeze=False)
@@ -169,7 +186,7 @@ def _grid(n: int, ncols_max: int = 2, w: float = 6.0, h: float = 4.2) -> tuple[F
     return fig, flat[:n]
 
 
-def _log2_size_axis(ax: Axes, sizes: Iterable[float]) -> None:
+def log2_size_axis(ax: Axes, sizes: Iterable[float]) -> None:
     """Log-2 x axis with human size labels at powers of two, thinned to at most ~9 ticks."""
     s = [float(v) for v in sizes if v is not None and math.isfinite(float(v)) and float(v) > 0]
     ax.set_xscale("log", base=2)
@@ -183,7 +200,7 @@ def _log2_size_axis(ax: Axes, sizes: Iterable[float]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _log_y(ax: Axes) -> None:
+def log_y_axis(ax: Axes) -> None:
     # no minor tick labels: they cost most of the drawing time and clutter small panels.
     ax.set_yscale("log")
     ax.yaxis.set_minor_formatter(NullFormatter())
@@ -205,7 +222,7 @@ def _palette(df: pd.DataFrame, cols: list[str]) -> dict[str, Any]:
     panels whichever series a panel happens to hold; fp32 is always the thick black reference."""
     if df.empty:
         return {}
-    keys = sorted({_label(tuple(k), cols) for k in df[cols].drop_duplicates().itertuples(index=False)})
+    keys = sorted({series_label(tuple(k), cols) for k in df[cols].drop_duplicates().itertuples(index=False)})
     cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     others = [k for k in keys if k.split(" ")[0] != FP32_PRECISION]
     return {k: cycle[i % len(cycle)] for i, k in enumerate(others)}
@@ -228,32 +245,20 @@ def _lines(
     if sub.empty:
         return 0
     agg = sub.groupby([*cols, x], dropna=False, sort=True)[y].median().reset_index()
-    order = _order(agg["precision"].astype(str).unique(), (FP32_PRECISION,))
+    precisions = order(agg["precision"].astype(str).unique(), (FP32_PRECISION,))
     for keys, g in sorted(
         agg.groupby(cols, dropna=False, sort=False),
-        key=lambda kv: (order.index(str(_tuple(kv[0])[0])), str(kv[0])),
+        key=lambda kv: (precisions.index(str(as_tuple(kv[0])[0])), str(kv[0])),
     ):
-        keys_t = _tuple(keys)
+        keys_t = as_tuple(keys)
         g = g.sort_values(x)
-        label = _label(keys_t, cols)
+        label = series_label(keys_t, cols)
         style: dict[str, Any] = {"color": "black", "linewidth": 2.2}
         if keys_t[0] != FP32_PRECISION:
             style = {"color": palette[label]} if palette and label in palette else {}
         ax.plot(g[x], g[y], marker="o", markersize=3, label=no_math(label), **style)
         n += 1
     return n
-
-
-def _tuple(k: Any) -> tuple[Any, ...]:
-    return k if isinstance(k, tuple) else (k,)
-
-
-def _collectives(df: pd.DataFrame) -> list[str]:
-    return _order(df["collective"].dropna().unique(), COLLECTIVE_ORDER) if "collective" in df else []
-
-
-def _has(df: pd.DataFrame, col: str) -> bool:
-    return col in df.columns and pd.to_numeric(df[col], errors="coerce").notna().any()
 
 
 # --------------------------------------------------------------------------- collective figures
@@ -272,16 +277,16 @@ def _per_collective_lines(
     decorate: Callable[[Axes, str, pd.DataFrame], None] | None = None,
 ) -> Figure:
     """One panel per collective, one line per precision series, log-2 size axis with human labels."""
-    colls = _collectives(df)
-    fig, axes = _grid(len(colls))
+    colls = collectives(df)
+    fig, axes = grid(len(colls))
     cols = series_columns(df)
     pal = _palette(df, cols)
     for ax, coll in zip(axes, colls, strict=True):
         d = df[df["collective"] == coll]
         _lines(ax, d, x, y, cols, positive=log_y, palette=pal)
-        _log2_size_axis(ax, d[x])
+        log2_size_axis(ax, d[x])
         if log_y:
-            _log_y(ax)
+            log_y_axis(ax)
         if decorate is not None:
             decorate(ax, coll, d)
         ax.set_title(coll)
@@ -293,21 +298,32 @@ def _per_collective_lines(
     return fig
 
 
+def _speed_lines(run: RunData, **kw: Any) -> Figure | None:
+    """`_per_collective_lines` over the primary payload's rows, or None when they hold no `y` values."""
+    df = speed_rows(run.results)
+    if df.empty or not has_values(df, kw["y"]):
+        return None
+    return _per_collective_lines(run, df, **kw)
+
+
+@FIGURES.register("busbw", "Bus bandwidth vs message size (nccl-tests busbw), one line per precision.")
 def fig_busbw(run: RunData) -> Figure | None:
     """busbw vs message size per collective, one line per precision."""
-    df = _speed_rows(run.results)
-    if df.empty or not _has(df, "busbw_gbps"):
-        return None
-    return _per_collective_lines(
-        run, df, x="size_bytes", y="busbw_gbps", xlabel="message size (nccl-tests size, bytes on the wire)",
+    return _speed_lines(
+        run, x="size_bytes", y="busbw_gbps", xlabel="message size (nccl-tests size, bytes on the wire)",
         ylabel="bus bandwidth (GB/s)", title="Bus bandwidth vs message size",
     )  # fmt: skip
 
 
+@FIGURES.register(
+    "effective_bw",
+    "fp32-equivalent effective bandwidth including encode and decode; dotted lines mark "
+    "the crossover size from which a precision beats fp32.",
+)
 def fig_effective(run: RunData) -> Figure | None:
     """fp32-equivalent effective bandwidth vs fp32 size, crossover sizes marked."""
-    df = _speed_rows(run.results)
-    if df.empty or not _has(df, "effective_gbps") or not _has(df, "fp32_bytes"):
+    df = speed_rows(run.results)
+    if df.empty or not has_values(df, "effective_gbps") or not has_values(df, "fp32_bytes"):
         return None
     payload = primary_payload(df)
     cx = run.crossover
@@ -339,29 +355,30 @@ def fig_effective(run: RunData) -> Figure | None:
     )  # fmt: skip
 
 
+@FIGURES.register("latency", "Time per operation vs message size (log-log).")
 def fig_latency(run: RunData) -> Figure | None:
     """Latency (time per op) vs message size, log-log, per collective."""
-    df = _speed_rows(run.results)
-    if df.empty or not _has(df, "time_us"):
-        return None
-    return _per_collective_lines(
-        run, df, x="size_bytes", y="time_us", xlabel="message size (bytes on the wire)",
+    return _speed_lines(
+        run, x="size_bytes", y="time_us", xlabel="message size (bytes on the wire)",
         ylabel="time per op (us)", title="Latency vs message size", log_y=True,
     )  # fmt: skip
 
 
+@FIGURES.register(
+    "error", "Relative error of the decoded result against a float64 reference, per payload distribution."
+)
 def fig_error(run: RunData) -> Figure | None:
     """Relative error vs size per precision (log y): rows = collective, columns = payload."""
     df = run.results
-    if df.empty or not _has(df, "rel_err"):
+    if df.empty or not has_values(df, "rel_err"):
         return None
-    colls = _collectives(df)
-    payloads = _order(df["payload"].dropna().unique(), PAYLOAD_ORDER) if "payload" in df.columns else [""]
+    colls = collectives(df)
+    payloads = order(df["payload"].dropna().unique(), PAYLOAD_ORDER) if "payload" in df.columns else [""]
     nr, nc = len(colls), len(payloads)
     fig, axes = plt.subplots(nr, nc, figsize=(4.8 * nc, 3.6 * nr + 0.9), squeeze=False)
     cols = series_columns(df)
     pal = _palette(df, cols)
-    size_col = "fp32_bytes" if _has(df, "fp32_bytes") else "size_bytes"
+    size_col = "fp32_bytes" if has_values(df, "fp32_bytes") else "size_bytes"
     for i, coll in enumerate(colls):
         for j, p in enumerate(payloads):
             ax = axes[i][j]
@@ -370,8 +387,8 @@ def fig_error(run: RunData) -> Figure | None:
                 d = d[d["payload"].astype(str) == p]
             # exact results (error 0) have no place on a log axis; the label says so.
             _lines(ax, d, size_col, "rel_err", cols, positive=True, palette=pal)
-            _log2_size_axis(ax, d[size_col])
-            _log_y(ax)
+            log2_size_axis(ax, d[size_col])
+            log_y_axis(ax)
             ax.set_title(f"{coll} / {p}" if p else coll, fontsize=10)
             ax.set_xlabel("user tensor size if fp32 (bytes)", fontsize=8)
             ax.set_ylabel("relative error vs fp64 (0 not shown)", fontsize=8)
@@ -396,6 +413,7 @@ def _fp32_policy(policies: Iterable[str]) -> str | None:
     return None
 
 
+@FIGURES.register("training_time_mem", "Training step time (p50, whisker to p95) and peak memory per policy.")
 def fig_training_bars(run: RunData) -> Figure | None:
     """Step time (p50, p95 whisker) and peak memory bars per policy."""
     t = run.training
@@ -404,15 +422,15 @@ def fig_training_bars(run: RunData) -> Figure | None:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
     pol = t["policy"].astype(str).tolist()
     x = np.arange(len(pol))
-    if _has(t, "step_time_us_p50"):
+    if has_values(t, "step_time_us_p50"):
         p50 = pd.to_numeric(t["step_time_us_p50"], errors="coerce").to_numpy() / 1e3
         err = None
-        if _has(t, "step_time_us_p95"):
+        if has_values(t, "step_time_us_p95"):
             p95 = pd.to_numeric(t["step_time_us_p95"], errors="coerce").to_numpy() / 1e3
             err = np.vstack([np.zeros_like(p50), np.clip(p95 - p50, 0, None)])
         a1.bar(x, p50, yerr=err, capsize=3, color="tab:blue")
     a1.set_ylabel("step time p50 (ms), whisker to p95")
-    if _has(t, "peak_mem_bytes"):
+    if has_values(t, "peak_mem_bytes"):
         mem = pd.to_numeric(t["peak_mem_bytes"], errors="coerce").to_numpy() / 2**20
         a2.bar(x, mem, color="tab:orange")
         kind = t["peak_mem_kind"].iloc[0] if "peak_mem_kind" in t.columns else ""
@@ -442,6 +460,7 @@ def comm_bytes_by_dtype(t: pd.DataFrame) -> pd.DataFrame:
     return out.reindex([str(p) for p in t["policy"]]).fillna(0.0)
 
 
+@FIGURES.register("training_bytes", "Bytes communicated per training step, stacked by wire dtype.")
 def fig_training_bytes(run: RunData) -> Figure | None:
     """Communicated bytes per step, stacked by wire dtype, per policy."""
     t = run.training
@@ -457,7 +476,7 @@ def fig_training_bytes(run: RunData) -> Figure | None:
         vals = table[dtype].to_numpy() / 2**20
         ax.bar(x, vals, bottom=bottom, label=no_math(str(dtype)))
         bottom += vals
-    if _has(t, "comm_bytes_expected"):
+    if has_values(t, "comm_bytes_expected"):
         exp = pd.to_numeric(t["comm_bytes_expected"], errors="coerce").to_numpy() / 2**20
         ax.scatter(x, exp, marker="_", s=400, color="black", label="expected (formula)", zorder=3)
     ax.set_xticks(x, [no_math(p) for p in table.index], rotation=30, ha="right", fontsize=8)
@@ -469,6 +488,7 @@ def fig_training_bytes(run: RunData) -> Figure | None:
     return fig
 
 
+@FIGURES.register("training_curves", "Loss and gradient norm per step against the fp32 reference.")
 def fig_training_curves(run: RunData) -> Figure | None:
     """Loss and grad-norm vs step per policy, the fp32 reference drawn thick and black."""
     s = run.training_steps
@@ -477,7 +497,7 @@ def fig_training_curves(run: RunData) -> Figure | None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     ref = _fp32_policy(s["policy"].astype(str).unique())
     for ax, col in zip(axes, ("loss", "grad_norm"), strict=True):
-        if not _has(s, col):
+        if not has_values(s, col):
             ax.set_visible(False)
             continue
         for pol, g in s.groupby(s["policy"].astype(str), sort=False):
@@ -494,40 +514,8 @@ def fig_training_curves(run: RunData) -> Figure | None:
     return fig
 
 
-# --------------------------------------------------------------------------- crossover + output
-
-
-FIGURES: dict[str, Callable[[RunData], Figure | None]] = {
-    "busbw": fig_busbw,
-    "effective_bw": fig_effective,
-    "latency": fig_latency,
-    "error": fig_error,
-    "training_time_mem": fig_training_bars,
-    "training_bytes": fig_training_bytes,
-    "training_curves": fig_training_curves,
-}
-"""Figure name -> builder; the name is the file stem under plots/ and the report's anchor."""
-
-
 def write_plots(
     run: RunData, out_dir: Path, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 110
 ) -> dict[str, dict[str, Path]]:
-    """Draw every figure the run has data for into out_dir; returns {name: {format: path}}."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: dict[str, dict[str, Path]] = {}
-    for name, build in FIGURES.items():
-        fig = build(run)
-        if fig is None:
-            continue
-        try:
-            paths: dict[str, Path] = {}
-            for fmt in formats:
-                p = out_dir / f"{name}.{fmt}"
-                # no date in svg metadata: rerunning the report on the same run gives the same file.
-                meta = {"Date": None} if fmt == "svg" else {}
-                fig.savefig(p, format=fmt, dpi=dpi, metadata=meta)
-                paths[fmt] = p
-            written[name] = paths
-        finally:
-            plt.close(fig)
-    return written
+    """Draw every registered figure the run has data for into out_dir; returns {name: {format: path}}."""
+    return FIGURES.write(run, out_dir, formats, dpi)

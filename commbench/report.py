@@ -22,7 +22,18 @@ import jinja2
 import pandas as pd
 
 from commbench import plots
-from commbench.plots import RunData, human_size, load_run
+from commbench.rundata import (
+    COLLECTIVE_ORDER,
+    FP32_PRECISION,
+    RunData,
+    as_tuple,
+    human_size,
+    load_run,
+    order,
+    primary_payload,
+    series_columns,
+    speed_rows,
+)
 
 __all__ = [
     "Table",
@@ -37,17 +48,6 @@ __all__ = [
 ]
 
 TEMPLATES = Path(__file__).parent / "templates"
-
-FIGURE_CAPTIONS: dict[str, str] = {
-    "busbw": "Bus bandwidth vs message size (nccl-tests busbw), one line per precision.",
-    "effective_bw": "fp32-equivalent effective bandwidth including encode and decode; dotted lines mark "
-    "the crossover size from which a precision beats fp32.",
-    "latency": "Time per operation vs message size (log-log).",
-    "error": "Relative error of the decoded result against a float64 reference, per payload distribution.",
-    "training_time_mem": "Training step time (p50, whisker to p95) and peak memory per policy.",
-    "training_bytes": "Bytes communicated per training step, stacked by wire dtype.",
-    "training_curves": "Loss and gradient norm per step against the fp32 reference.",
-}
 
 # pyperf's thresholds: a coefficient of variation of 10 % or more makes a number untrustworthy.
 CV_WARN = 0.10
@@ -106,7 +106,7 @@ def _num(df: pd.DataFrame, col: str) -> pd.Series:
 
 def _series_name(df: pd.DataFrame) -> pd.Series:
     """precision plus whichever of impl/placement/redop varies within a precision (as in the plots)."""
-    cols = plots.series_columns(df)
+    cols = series_columns(df)
     name = df["precision"].astype(str)
     for c in cols[1:]:
         name = name + " " + c + "=" + df[c].astype(str)
@@ -116,14 +116,14 @@ def _series_name(df: pd.DataFrame) -> pd.Series:
 def peak_busbw_table(df: pd.DataFrame) -> Table | None:
     if df.empty or _num(df, "busbw_gbps").isna().all():
         return None
-    d = plots._speed_rows(df).copy()
+    d = speed_rows(df).copy()
     d["series"] = _series_name(d)
     d["busbw"] = _num(d, "busbw_gbps")
     d = d.dropna(subset=["busbw"])
     idx = d.groupby(["collective", "series"])["busbw"].idxmax()
     best = d.loc[idx]
-    colls = plots._order(best["collective"].unique(), plots.COLLECTIVE_ORDER)
-    series = plots._order(best["series"].unique(), (plots.FP32_PRECISION,))
+    colls = order(best["collective"].unique(), COLLECTIVE_ORDER)
+    series = order(best["series"].unique(), (FP32_PRECISION,))
     rows = []
     for c in colls:
         row = [c]
@@ -140,7 +140,7 @@ def peak_busbw_table(df: pd.DataFrame) -> Table | None:
         "Peak bus bandwidth (GB/s @ size) per collective x precision",
         ["collective", *series],
         rows,
-        "Speed numbers use the " + (plots.primary_payload(df) or "only") + " payload.",
+        "Speed numbers use the " + (primary_payload(df) or "only") + " payload.",
     )
 
 
@@ -163,19 +163,19 @@ def best_precision_table(df: pd.DataFrame) -> Table | None:
     """
     if df.empty or _num(df, "effective_gbps").isna().all():
         return None
-    d = plots._speed_rows(df).copy()
+    d = speed_rows(df).copy()
     d["series"] = _series_name(d)
     d["eff"] = _num(d, "effective_gbps")
     d = d.dropna(subset=["eff", "fp32_bytes"])
     if "wrong" in d.columns:
         d = d[~(_num(d, "wrong") > 0)]
     rows = []
-    for coll in plots._order(d["collective"].unique(), plots.COLLECTIVE_ORDER):
+    for coll in order(d["collective"].unique(), COLLECTIVE_ORDER):
         g = d[d["collective"] == coll].groupby(["fp32_bytes", "series"])["eff"].median().reset_index()
         pts: list[tuple[float, str, float]] = []
         for size, gs in g.groupby("fp32_bytes", sort=True):
             top = gs.loc[gs["eff"].idxmax()]
-            ref = gs[gs["series"] == plots.FP32_PRECISION]["eff"]
+            ref = gs[gs["series"] == FP32_PRECISION]["eff"]
             gain = float(top["eff"] / ref.iloc[0]) if len(ref) and ref.iloc[0] > 0 else math.nan
             pts.append((float(size), str(top["series"]), gain))
         for lo, hi, win, gain in _ranges(pts):
@@ -220,19 +220,19 @@ def gain_table(df: pd.DataFrame) -> Table | None:
     d["comm"] = _num(d, "comm_us").fillna(_num(d, "time_us"))
     keys = ["collective", "payload", "fp32_bytes"] if "payload" in d.columns else ["collective", "fp32_bytes"]
     agg = d.groupby([*keys, "series"])[["eff", "comm"]].median().reset_index()
-    ref = agg[agg["series"] == plots.FP32_PRECISION].set_index(keys)[["eff", "comm"]]
+    ref = agg[agg["series"] == FP32_PRECISION].set_index(keys)[["eff", "comm"]]
     if ref.empty:
         return None
-    m = agg[agg["series"] != plots.FP32_PRECISION].join(ref.add_suffix("_fp32"), on=keys).dropna(subset=["eff_fp32"])
+    m = agg[agg["series"] != FP32_PRECISION].join(ref.add_suffix("_fp32"), on=keys).dropna(subset=["eff_fp32"])
     m["gain"] = m["eff"] / m["eff_fp32"]
     m["comm_speedup"] = m["comm_fp32"] / m["comm"]
     err = d.groupby(["collective", "series"])["rel_err"].max() if "rel_err" in d.columns else None
     rows = []
     group_keys = ["collective", "payload", "series"] if "payload" in m.columns else ["collective", "series"]
-    corder = plots._order(m["collective"].unique(), plots.COLLECTIVE_ORDER)
+    corder = order(m["collective"].unique(), COLLECTIVE_ORDER)
     m = m.assign(_c=m["collective"].map(corder.index)).sort_values(["_c", *group_keys[1:]])
     for k, g in m.groupby(group_keys, sort=False):
-        k = plots._tuple(k)
+        k = as_tuple(k)
         g = g.sort_values("fp32_bytes")
         last = g.iloc[-1]
         best = g.loc[g["gain"].idxmax()]
@@ -313,7 +313,7 @@ def pitfalls(run: RunData) -> list[str]:
         err = _num(df, "rel_err")
         big = df[err >= REL_ERR_WARN]
         for k, g in big.groupby(label_cols, sort=False):
-            k = plots._tuple(k)
+            k = as_tuple(k)
             out.append(
                 f"{' '.join(map(str, k))}: relative error up to {fmt(float(_num(g, 'rel_err').max()))} "
                 "(>= 10 %): this precision/payload combination loses the signal (underflow or outliers?)."
@@ -556,9 +556,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     out = Path(out_dir) if out_dir is not None else Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = plots.write_plots(run, out / "plots")
-    figures = [
-        (name, FIGURE_CAPTIONS.get(name, name), paths["png"], paths.get("svg")) for name, paths in written.items()
-    ]
+    figures = [(name, plots.FIGURES[name].caption, paths["png"], paths.get("svg")) for name, paths in written.items()]
     tables = build_tables(run)
     sections = [
         ("metadata", "Metadata", tables["metadata"]),

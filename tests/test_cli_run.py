@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -246,3 +247,47 @@ def test_nccl_without_gpus_is_bad_input(tmp_path: Path) -> None:
     proc = run_cli("run", "--backend", "nccl", cwd=tmp_path, timeout=60)
     assert proc.returncode == 2 and "backend 'nccl' needs a GPU per rank" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "results").exists()
+
+
+def test_list_describes_each_registered_collective(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`list` asks each collective for its description: a collective added to the registry (here, by this
+    test alone) is listed with its own line, and the built-in ones keep nccl-tests' definitions."""
+    from commbench import cli, collectives
+
+    class ToyBroadcast(collectives.AllGather):
+        name = "toy_broadcast"
+        description = "root buffer; 1"
+
+        def bus_factor(self, n: int) -> float:
+            return 1.0
+
+    monkeypatch.setitem(collectives.COLLECTIVES, "toy_broadcast", ToyBroadcast())
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # nccl-tests doc/PERFORMANCE.md, written out independently
+    for name, text in [
+        ("all_reduce", "buffer; 2(n-1)/n"),
+        ("all_gather", "total output; (n-1)/n"),
+        ("reduce_scatter", "total input; (n-1)/n"),
+        ("all_to_all", "per-rank buffer; (n-1)/n"),
+        ("toy_broadcast", "root buffer; 1"),
+    ]:
+        assert f"  {name:<16} {text}" in lines
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="on 3.10 every test already loads suites through tomli")
+def test_suites_load_without_tomllib(tmp_path: Path) -> None:
+    """Python 3.10 has no tomllib: config falls back to tomli (same API). Simulated here by hiding tomllib and
+    offering its parser under tomli's name, in a fresh interpreter so this process keeps its modules."""
+    code = (
+        "import sys, tomllib\n"
+        "sys.modules['tomli'] = tomllib\n"
+        "sys.modules['tomllib'] = None  # import tomllib now raises ModuleNotFoundError, as on 3.10\n"
+        "from commbench.config import load_suite\n"
+        "import commbench.config as c\n"
+        "assert c.tomllib is sys.modules['tomli']\n"
+        "print(load_suite('quick').name)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "quick"

@@ -116,3 +116,29 @@ def test_no_common_points_is_warned(tmp_path: Path) -> None:
     assert any("no (collective, precision, size) point in common" in w for w in compare.compare_warnings([a, b]))
     out = compare.compare_runs([a, b], None, tmp_path / "o")
     assert not any(k.endswith(".png") for k in out)
+
+
+def test_a_compare_figure_registered_here_appears_in_the_comparison(tmp_path: Path) -> None:
+    """compare draws its own registry of figures (subject: the aligned runs), like the report."""
+    import matplotlib.pyplot as plt
+
+    a = fabricate_run(tmp_path / "a")
+    b = fabricate_run(tmp_path / "b", host="node02")
+    seen: list[list[str]] = []
+    caption = "Toy overlay: how many points each pair of runs shares (registered by a test)."
+
+    @compare.COMPARE_FIGURES.register("compare_toy", caption)
+    def toy(c: compare.Comparison) -> plt.Figure:
+        seen.append(list(c.labels))
+        fig, ax = plt.subplots()
+        ax.bar([0], [len(c.aligned)])
+        return fig
+
+    try:
+        out = compare.compare_runs([a, b], ["A", "B"], tmp_path / "out")
+    finally:
+        compare.COMPARE_FIGURES.unregister("compare_toy")
+    assert seen == [["A", "B"]]
+    assert list(k for k in out if k.endswith(".png")) == ["compare_busbw.png", "compare_latency.png", "compare_toy.png"]
+    assert caption in out["html"].read_text()
+    assert "(plots/compare_toy.png)" in out["md"].read_text()

@@ -175,3 +175,45 @@ def test_gain_table_matches_formula(tmp_path: Path) -> None:
 def test_missing_run_dir(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         report.write_report(tmp_path / "nope")
+
+
+def test_a_figure_registered_here_appears_in_the_report(tmp_path: Path) -> None:
+    """ARCHITECTURE.md's "add a plot" recipe: one `FIGURES.register` call, from this file alone."""
+    import matplotlib.pyplot as plt
+
+    from commbench import plots
+    from commbench.rundata import RunData
+
+    caption = "Toy figure: points measured per collective (registered by a test)."
+
+    @plots.FIGURES.register("toy_points", caption)
+    def toy_points(run: RunData) -> plt.Figure | None:
+        if run.results.empty:
+            return None
+        fig, ax = plt.subplots()
+        counts = run.results["collective"].value_counts()
+        ax.bar(list(counts.index), list(counts.values))
+        return fig
+
+    try:
+        out = report.write_report(fabricate_run(tmp_path / "run"))
+        empty = report.write_report(fabricate_run(tmp_path / "empty", results=False, training=False))
+    finally:
+        plots.FIGURES.unregister("toy_points")
+    html, md = out["html"].read_text(), out["md"].read_text()
+    assert out["toy_points.png"].read_bytes()[:8] == PNG_MAGIC
+    assert out["toy_points.svg"].is_file()
+    figure_ids = [a.get("id") for tag, a in tags(html) if tag == "figure"]
+    assert figure_ids[-1] == "fig-toy_points"  # registered last, drawn last
+    assert caption in html
+    assert f"![{report.md_escape(caption)}](plots/toy_points.png)" in md
+    # a builder that returns None leaves no file and no figure behind
+    assert "toy_points.png" not in empty and caption not in empty["html"].read_text()
+    assert "toy_points" not in plots.FIGURES
+
+
+def test_a_figure_name_is_registered_once() -> None:
+    from commbench import plots
+
+    with pytest.raises(ValueError, match="already registered"):
+        plots.FIGURES.register("busbw", "again")(lambda run: None)
