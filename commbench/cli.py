@@ -157,7 +157,9 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
         if training is not None:
             from dataclasses import replace
 
-            suite = replace(suite, training=training)
+            from commbench.training.config import TrainingConfig
+
+            suite = replace(suite, training=TrainingConfig.from_dict(training))
     else:
         suite = load_suite(args.suite or DEFAULT_SUITE)
     timing = {k: v for k, v in (("warmup", args.warmup), ("min_time_s", args.min_time), ("repeats", args.repeats)) if v is not None}
@@ -427,6 +429,7 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
 def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
     import torch.distributed as dist
 
+    from commbench.records import is_missing
     from commbench.training import run_training
 
     assert suite.training is not None
@@ -434,15 +437,15 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
     done: list[Any] = [sorted(writer.done_policies()) if writer is not None else None]
     dist.broadcast_object_list(done, src=0)
 
-    def on_done(summary: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
+    def on_done(summary: list[Any], steps: list[Any]) -> None:
         if writer is not None:
-            writer.add("training", summary)
-            writer.add("training_steps", steps)
+            writer.add(summary)
+            writer.add(steps)
             for row in summary:
                 print(
-                    f"# training {row.get('policy'):<24} step p50 {row.get('step_time_us_p50', float('nan')) / 1e3:8.2f} ms"
-                    f"  comm/step {row.get('comm_bytes_per_step', 0):>12,.0f} B  final-loss drift {row.get('final_loss_drift', float('nan')):.3g}"
-                    + (f"  WARN {row['warnings']}" if row.get("warnings") else "")
+                    f"# training {row.policy:<24} step p50 {row.step_time_us_p50 / 1e3:8.2f} ms"
+                    f"  comm/step {0 if is_missing(row.comm_bytes_per_step) else row.comm_bytes_per_step:>12,.0f} B  final-loss drift {row.final_loss_drift:.3g}"
+                    + (f"  WARN {row.warnings}" if row.warnings else "")
                 )
 
     run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]))

@@ -14,7 +14,7 @@ The codec comes from `commbench.fp8` when present; otherwise a minimal per-tenso
 torch's float8 casts (`_fallback_quantize`) is used.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -143,16 +143,45 @@ def fp8_bucket_bus_bytes(numel: int, n: int, scales_per_chunk: int = 1) -> float
     return 2.0 * (n - 1) / n * payload
 
 
-def get_hook(kind: str | None) -> HookFn:
-    """The hook for a policy's `hook` field: None -> torch's allreduce_hook (the builtin mean all-reduce)."""
-    if kind is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+# --- the API policies code against (commbench.training.strategies) -----------------------------------
 
-        return allreduce_hook
-    if kind == "fp16":
-        return fp16_cast_hook
-    if kind == "bf16":
-        return bf16_cast_hook
-    if kind == "fp8":
-        return make_fp8_hook("e4m3")
-    raise ValueError(f"unknown DDP hook {kind!r}; valid: None, fp16, bf16, fp8")
+_CODECS: dict[str, str] = {"fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
+
+
+def cast_hook(wire_dtype: torch.dtype) -> HookFn:
+    """The all-reduce hook that communicates gradients in `wire_dtype` (fp16 or bf16), mean, back to fp32."""
+
+    def cast_allreduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return _cast_allreduce(wire_dtype, group, bucket)
+
+    return cast_allreduce_hook
+
+
+def codec_hook(codec_name: str) -> HookFn:
+    """The chunked codec hook for `codec_name` ("fp8_e4m3", "fp8_e5m2")."""
+    if codec_name not in _CODECS:
+        raise ValueError(f"unknown gradient codec {codec_name!r}; valid: {', '.join(_CODECS)}")
+    return make_fp8_hook(_CODECS[codec_name])
+
+
+def cast_hook_bytes(numel: int, n: int, wire_dtype: torch.dtype) -> dict[str, float]:
+    """Formula: bus bytes per step by "op:dtype" of `cast_hook` over `numel` gradient elements."""
+    from commbench.training.comm import bus_factor, dtype_name
+
+    v = bus_factor("all_reduce", n) * numel * wire_dtype.itemsize
+    return {f"all_reduce:{dtype_name(wire_dtype)}": v} if v else {}
+
+
+def codec_hook_bytes(codec_name: str, bucket_numels: Sequence[int], n: int) -> dict[str, float]:
+    """Formula: per bucket, all_to_all + all_gather of the padded uint8 chunks and of one fp32 scale per chunk."""
+    from commbench.training.comm import bus_factor
+
+    out: dict[str, float] = {}
+    if n <= 1:
+        return out
+    for numel in bucket_numels:
+        chunk = -(-numel // n)
+        for op in ("all_to_all", "all_gather"):
+            for key, v in ((f"{op}:uint8", bus_factor(op, n) * n * chunk), (f"{op}:float", bus_factor(op, n) * n * 4)):
+                out[key] = out.get(key, 0.0) + v
+    return out
