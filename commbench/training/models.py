@@ -138,9 +138,7 @@ def build_model(cfg: TrainingConfig) -> nn.Module:
     return model
 
 
-def make_batch(
-    cfg: TrainingConfig, rank: int, step: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(cfg: TrainingConfig, rank: int, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Synthetic (inputs, targets) for `rank` at `step`; depends only on (seed, rank, step)."""
     g = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + rank * 10_007 + step)
     b, vocab = int(cfg.batch_size), int(cfg.vocab)
@@ -179,12 +177,8 @@ def param_count(model: nn.Module) -> int:
 def check_shape(cfg: TrainingConfig) -> None:
     """Raise ValueError when the model shape is inconsistent (e.g. d_model not divisible by n_heads)."""
     if cfg.model == "gpt" and int(cfg.d_model) % int(cfg.n_heads) != 0:
-        raise ValueError(
-            f"training.d_model={cfg.d_model} must be divisible by training.n_heads={cfg.n_heads}"
-        )
+        raise ValueError(f"training.d_model={cfg.d_model} must be divisible by training.n_heads={cfg.n_heads}")
     if cfg.model == "mlp" and int(cfg.vocab) > int(cfg.d_model):
-        raise ValueError(
-            f"training.vocab={cfg.vocab} (classes) must be <= training.d_model={cfg.d_model} for the mlp"
-        )
+        raise ValueError(f"training.vocab={cfg.vocab} (classes) must be <= training.d_model={cfg.d_model} for the mlp")
     if not math.isfinite(float(cfg.lr)) or float(cfg.lr) <= 0:
         raise ValueError(f"training.lr must be a positive number, got {cfg.lr!r}")

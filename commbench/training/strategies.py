@@ -535,7 +535,11 @@ class _Fsdp(Sharding):
         ag, rs = bus_factor("all_gather", n), bus_factor("reduce_scatter", n)
         out: dict[str, float] = {}
         for u in self.units(units or (UnitShape(((int(psi),),)),), n):
-            _add(out, f"all_gather:{dtype_name(u.param_dtype)}", u.gathers * ag * n * u.shard_numel * u.param_dtype.itemsize)
+            _add(
+                out,
+                f"all_gather:{dtype_name(u.param_dtype)}",
+                u.gathers * ag * n * u.shard_numel * u.param_dtype.itemsize,
+            )
             _add(out, f"reduce_scatter:{dtype_name(u.reduce_dtype)}", rs * n * u.shard_numel * u.reduce_dtype.itemsize)
         return out
 
