@@ -32,7 +32,6 @@ ZeRO stages in torch (family "zero"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +42,7 @@ from commbench.training.strategies import (
     DDP,
     FSDP1,
     FSDP2,
+    NO_LAYOUT,
     NO_SCALING,
     SHORT,
     UNDERFLOW,
@@ -50,11 +50,11 @@ from commbench.training.strategies import (
     CodecHook,
     GradComm,
     GradScaling,
+    Layout,
     LossScaling,
     ModelState,
     ShardedGradScaling,
     Sharding,
-    UnitShape,
     ZeRO1,
     merge_bytes,
 )
@@ -102,25 +102,13 @@ class Policy:
         """True when any fp16 arithmetic or communication touches the gradients."""
         return self.grad_low_dtype == "fp16"
 
-    def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        bucket_numels: Sequence[int] = (),
-        units: Sequence[UnitShape] = (),
-        buffer_bytes: dict[str, int] | None = None,
-    ) -> dict[str, float]:
+    def comm_bytes(self, *, psi: float, world_size: int, layout: Layout = NO_LAYOUT) -> dict[str, float]:
         """Formula: bus bytes per step by "op:dtype" (nccl-tests definitions, see comm.py)."""
         if world_size <= 1:
             return {}
-        return merge_bytes(
-            self.loss_scaling.comm_bytes(world_size=world_size),
-            self.sharding.comm_bytes(
-                psi=psi, world_size=world_size, grad_comm=self.grad_comm, bucket_numels=bucket_numels,
-                units=units, buffer_bytes=buffer_bytes,
-            ),
-        )  # fmt: skip
+        scaler = self.loss_scaling.comm_bytes(world_size=world_size)
+        wrapper = self.sharding.comm_bytes(psi=psi, world_size=world_size, grad_comm=self.grad_comm, layout=layout)
+        return merge_bytes(scaler, wrapper)
 
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
         """Model-state bytes per rank at the step's peak (see `Sharding.state_bytes`)."""

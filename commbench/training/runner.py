@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,13 +39,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from commbench.training import pitfalls as pitfalls_mod
-from commbench.training.comm import CommCounter, bus_factor, dtype_name
+from commbench.training.comm import CommCounter, dtype_name, wire_bytes
 from commbench.training.config import TrainingConfig
 from commbench.training.memory import heap_in_use, measure_step_memory
 from commbench.training.models import build_model, loss_fn, make_batch, param_count, tokens_per_sample
 from commbench.training.policies import BASELINE, Policy, get_policy
 from commbench.training.records import TrainingStep, TrainingSummary
-from commbench.training.strategies import UNDERFLOW, FsdpUnit, UnitShape, autocast
+from commbench.training.strategies import UNDERFLOW, FsdpUnit, Layout, autocast
 
 # --- one policy --------------------------------------------------------------------------------------
 
@@ -57,8 +57,7 @@ class Wrapped:
     model: nn.Module
     optimizer: Any
     scaler: Any | None
-    ddp_bucket_numels: list[int] = field(default_factory=list)
-    units: tuple[UnitShape, ...] = ()
+    layout: Layout
 
 
 @dataclass
@@ -83,18 +82,15 @@ def fsdp_units(model: nn.Module, policy: Policy, n: int) -> list[FsdpUnit]:
 
 def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: int) -> Wrapped:
     sharding = policy.sharding
+    buffer_bytes: dict[str, int] = {}
+    for b in model.buffers():
+        key = dtype_name(b.dtype)
+        buffer_bytes[key] = buffer_bytes.get(key, 0) + b.numel() * b.element_size()
     # Described before wrapping: FSDP replaces the parameters with flat or sharded ones.
     units = sharding.describe(model)
     wrapped, opt = sharding.wrap(model.to(device), device=device, lr=lr, world_size=n, grad_comm=policy.grad_comm)
-    scaler = policy.loss_scaling.make(device)
-    return Wrapped(wrapped, opt, scaler, ddp_bucket_numels=sharding.bucket_numels(wrapped), units=units)
-
-
-def expected_comm(policy: Policy, w: Wrapped, psi: int, buffer_bytes: dict[str, int], n: int) -> dict[str, float]:
-    """Formula: bus bytes per step by "op:dtype" (nccl-tests definitions, see comm.py), from the policy's strategies."""
-    return policy.comm_bytes(
-        psi=psi, world_size=n, bucket_numels=w.ddp_bucket_numels, units=w.units, buffer_bytes=buffer_bytes
-    )
+    layout = Layout(tuple(sharding.bucket_numels(wrapped)), units, buffer_bytes)
+    return Wrapped(wrapped, opt, policy.loss_scaling.make(device), layout)
 
 
 def _sync(device: torch.device) -> None:
@@ -185,10 +181,6 @@ class PolicySession:
         self.heap_base = heap_in_use() if device.type == "cpu" else None
         model = build_model(section)
         self.psi = param_count(model)
-        self.buffer_bytes: dict[str, int] = {}
-        for b in model.buffers():
-            key = dtype_name(b.dtype)
-            self.buffer_bytes[key] = self.buffer_bytes.get(key, 0) + b.numel() * b.element_size()
         self.notes: list[str] = []
         self.pitfalls: list[str] = []
         self.w = _wrap(policy, model, device, float(section.lr), self.n)
@@ -351,17 +343,10 @@ class PolicySession:
         if self.bn is not None:
             pitfalls.extend(pitfalls_mod.batchnorm_low_precision(self.bn.seen))
         notes = list(self.notes)
-        expected = expected_comm(self.policy, self.w, self.psi, self.buffer_bytes, n)
+        expected = self.policy.comm_bytes(psi=self.psi, world_size=n, layout=self.w.layout)
         measured = _mean_comm([r for r in records if not r.warmup])
-        if self.backend == "gloo" and any(k.startswith("reduce_scatter") for k in measured):
-            notes.append(
-                "gloo implements reduce_scatter as an all_reduce of the whole input: wire bytes exceed nominal"
-            )
-        wire = 0.0
-        for key, v in measured.items():
-            op = key.split(":", 1)[0]
-            gloo_rs = self.backend == "gloo" and op == "reduce_scatter"
-            wire += v * bus_factor("all_reduce", n) / bus_factor(op, n) if gloo_rs else v
+        wire, quirks = wire_bytes(measured, self.backend, n)
+        notes.extend(quirks)
         return PolicyRun(
             policy=self.policy,
             steps=records,

@@ -28,7 +28,7 @@ import contextlib
 import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -127,6 +127,21 @@ class FsdpUnit:
     param_dtype: torch.dtype
     reduce_dtype: torch.dtype
     gathers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What the exact byte count needs beyond Psi, described without tensors (empty: from Psi alone)."""
+
+    bucket_numels: tuple[int, ...] = ()
+    """DDP's gradient buckets (elements); empty: `default_bucket_numels(psi)`."""
+    units: tuple[UnitShape, ...] = ()
+    """FSDP's units; empty: one resharded unit of Psi elements."""
+    buffer_bytes: dict[str, int] = field(default_factory=dict)
+    """Bytes of the model's buffers by nccl-tests dtype name (DDP re-broadcasts them every forward)."""
+
+
+NO_LAYOUT = Layout()
 
 
 # --- the model as the wrappers see it ---------------------------------------------------------------
@@ -351,16 +366,9 @@ class Sharding(ABC):
 
     @abstractmethod
     def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        bucket_numels: Sequence[int] = (),
-        units: Sequence[UnitShape] = (),
-        buffer_bytes: dict[str, int] | None = None,
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
     ) -> dict[str, float]:
-        """Bus bytes per step by "op:dtype". Empty `bucket_numels`/`units` mean "from Psi alone"."""
+        """Bus bytes per step by "op:dtype". An empty `layout` means "from Psi alone"."""
 
     @abstractmethod
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
@@ -424,19 +432,12 @@ class DDP(Sharding):
         return [int(s) // 4 for s in sizes.split(",") if s]  # bytes of fp32 buckets
 
     def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        bucket_numels: Sequence[int] = (),
-        units: Sequence[UnitShape] = (),
-        buffer_bytes: dict[str, int] | None = None,
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
     ) -> dict[str, float]:
         if world_size <= 1:
             return {}
-        out = grad_comm.comm_bytes(psi=psi, world_size=world_size, bucket_numels=bucket_numels)
-        for key, nbytes in (buffer_bytes or {}).items():  # DDP re-broadcasts buffers from rank 0 every forward
+        out = grad_comm.comm_bytes(psi=psi, world_size=world_size, bucket_numels=layout.bucket_numels)
+        for key, nbytes in layout.buffer_bytes.items():  # DDP re-broadcasts buffers from rank 0 every forward
             _add(out, f"broadcast:{key}", nbytes * bus_factor("broadcast", world_size))
         return out
 
@@ -454,19 +455,9 @@ class ZeRO1(DDP):
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
 
     def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        bucket_numels: Sequence[int] = (),
-        units: Sequence[UnitShape] = (),
-        buffer_bytes: dict[str, int] | None = None,
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
     ) -> dict[str, float]:
-        out = DDP.comm_bytes(
-            self, psi=psi, world_size=world_size, grad_comm=grad_comm, bucket_numels=bucket_numels,
-            buffer_bytes=buffer_bytes,
-        )  # fmt: skip
+        out = DDP.comm_bytes(self, psi=psi, world_size=world_size, grad_comm=grad_comm, layout=layout)
         if world_size > 1:  # each owner broadcasts its updated fp32 parameters
             _add(out, "broadcast:float", psi * 4 * bus_factor("broadcast", world_size))
         return out
@@ -517,24 +508,17 @@ class _Fsdp(Sharding):
         return out
 
     def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        bucket_numels: Sequence[int] = (),
-        units: Sequence[UnitShape] = (),
-        buffer_bytes: dict[str, int] | None = None,
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
     ) -> dict[str, float]:
         """Per unit: all_gather of the param-dtype shards (again for backward when resharded after
-        forward; the root stays gathered) and a reduce-scatter in the reduce dtype. Without `units`, one
+        forward; the root stays gathered) and a reduce-scatter in the reduce dtype. Without units, one
         resharded unit of Psi elements (the root's share of a large model is negligible)."""
         n = world_size
         if n <= 1:
             return {}
         ag, rs = bus_factor("all_gather", n), bus_factor("reduce_scatter", n)
         out: dict[str, float] = {}
-        for u in self.units(units or (UnitShape(((int(psi),),)),), n):
+        for u in self.units(layout.units or (UnitShape(((int(psi),),)),), n):
             _add(
                 out,
                 f"all_gather:{dtype_name(u.param_dtype)}",
@@ -635,6 +619,6 @@ def autocast(dtype: torch.dtype | None, device: torch.device) -> Any:
 
 __all__ = [
     "ADAM_FP32", "ALL_REDUCE", "DDP", "FSDP1", "FSDP2", "NO_SCALING", "AllReduceHook", "CastHook", "CodecHook",
-    "FsdpUnit", "GradComm", "GradScaling", "LossScaling", "ModelState", "NoLossScaling", "ShardedGradScaling",
+    "FsdpUnit", "GradComm", "GradScaling", "Layout", "LossScaling", "ModelState", "NO_LAYOUT", "NoLossScaling", "ShardedGradScaling",
     "Sharding", "UnitShape", "ZeRO1", "default_bucket_numels", "merge_bytes", "unit_shapes",
 ]  # fmt: skip
