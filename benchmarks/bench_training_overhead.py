@@ -45,15 +45,15 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) -
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    from commbench.training.config import TrainingConfig
     from commbench.training.models import make_batch
     from commbench.training.policies import get_policy
     from commbench.training.runner import PolicySession
-    from commbench.training.section import validate_training_section
 
-    sec = validate_training_section({**SECTION, "policies": args.policies})
+    sec = TrainingConfig.from_dict({**SECTION, "policies": args.policies})
     dev = torch.device("cpu")
     out: dict[str, Any] = {}
-    for name in sec["policies"]:
+    for name in sec.policies:
         sess = PolicySession(get_policy(name), sec, dev)
         step = 0
         for _ in range(args.warmup):

@@ -39,14 +39,14 @@ def worker(mode: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from commbench.launch import detect_world, exit_process, init_world, shutdown_world
-    from commbench.training.hooks import get_hook
+    from commbench.training.hooks import cast_hook
 
     info = detect_world()
     assert info is not None, "run through run_world(): the torchrun environment variables are missing"
     init_world(info, "gloo", 60.0)
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)))
-    model.register_comm_hook(None, get_hook("bf16"))
+    model.register_comm_hook(None, cast_hook(torch.bfloat16))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(5):
         model(torch.randn(8, 64)).square().mean().backward()

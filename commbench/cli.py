@@ -159,7 +159,9 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
         if training is not None:
             from dataclasses import replace
 
-            suite = replace(suite, training=training)
+            from commbench.training.config import TrainingConfig
+
+            suite = replace(suite, training=TrainingConfig.from_dict(training))
     else:
         suite = load_suite(args.suite or DEFAULT_SUITE)
     timing = {k: v for k, v in (("warmup", args.warmup), ("min_time_s", args.min_time), ("repeats", args.repeats)) if v is not None}

@@ -11,12 +11,15 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli (a dependency there)
     import tomli as tomllib  # type: ignore[no-redef]
+
+if TYPE_CHECKING:
+    from commbench.training.config import TrainingConfig
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
@@ -105,8 +108,8 @@ class SuiteConfig:
     """Count wrong elements on exactly representable inputs (nccl-tests ``-c``)."""
     seed: int = 1234
     timing: TimingConfig = field(default_factory=TimingConfig)
-    training: dict[str, Any] | None = None
-    """Optional ``[training]`` table (DDP/FSDP steps), validated by commbench.training."""
+    training: TrainingConfig | None = None
+    """Optional ``[training]`` table (DDP/FSDP steps), validated at load (commbench.training.config)."""
 
     def __post_init__(self) -> None:
         from commbench.collectives import get_collective
@@ -187,9 +190,9 @@ def suite_from_dict(data: dict[str, Any], *, name: str = "custom") -> SuiteConfi
     if "training" in data:
         if not isinstance(data["training"], dict):
             raise ValueError("suite key 'training' must be a table")
-        from commbench.training import validate_training_section
+        from commbench.training.config import TrainingConfig
 
-        kw["training"] = validate_training_section(data["training"])
+        kw["training"] = TrainingConfig.from_dict(data["training"])
         if "collectives" not in data:
             kw["collectives"] = []
     return SuiteConfig(**kw)

@@ -4,11 +4,13 @@ layout lives in `commbench.table`."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from commbench.config import format_size
+from commbench.records import is_missing
 from commbench.table import HEADER, UNITS, block_title, format_row
 
 __all__ = ["PointPrinter", "SweepProgress", "print_crossover", "print_noise_warning", "print_skipped", "training_line"]
@@ -89,8 +91,12 @@ def print_crossover(cross: list[dict[str, Any]]) -> None:
 
 def training_line(row: Mapping[str, Any]) -> str:
     """One policy's summary: step time, bytes per step, loss drift and its warnings."""
+    def num(key: str, missing: float) -> float:
+        v = row.get(key)
+        return missing if is_missing(v) else float(v)
+
     return (
-        f"# training {row.get('policy'):<24} step p50 {row.get('step_time_us_p50', float('nan')) / 1e3:8.2f} ms"
-        f"  comm/step {row.get('comm_bytes_per_step', 0):>12,.0f} B  final-loss drift {row.get('final_loss_drift', float('nan')):.3g}"
+        f"# training {row.get('policy'):<24} step p50 {num('step_time_us_p50', math.nan) / 1e3:8.2f} ms"
+        f"  comm/step {num('comm_bytes_per_step', 0.0):>12,.0f} B  final-loss drift {num('final_loss_drift', math.nan):.3g}"
         + (f"  WARN {row['warnings']}" if row.get("warnings") else "")
     )

@@ -161,11 +161,11 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
     done: list[Any] = [sorted(writer.done_policies()) if writer is not None else None]
     dist.broadcast_object_list(done, src=0)
 
-    def on_done(summary: list[dict[str, Any]], steps: list[dict[str, Any]]) -> None:
+    def on_done(summary: list[Any], steps: list[Any]) -> None:
         if writer is not None:
-            writer.add_rows("training", summary)
-            writer.add_rows("training_steps", steps)
+            writer.add(summary)
+            writer.add(steps)
             for row in summary:
-                print(console.training_line(row))
+                print(console.training_line(row.as_dict()))
 
     run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]))

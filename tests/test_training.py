@@ -18,18 +18,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from commbench.training import bf16_vs_fp16, gain_table, list_policies, validate_training_section
+from commbench.training import TrainingConfig, bf16_vs_fp16, gain_table, list_policies
 from commbench.training.comm import CommCounter, bus_factor
-from commbench.training.memory import analytic_model_state_bytes
 from commbench.training.models import build_model
-from commbench.training.pitfalls import (
-    batchnorm_low_precision,
-    fp16_unscaled,
-    low_precision_grads,
-    plain_scaler_on_sharded,
-)
+from commbench.training.pitfalls import batchnorm_low_precision, fp16_unscaled, low_precision_grads
 from commbench.training.policies import get_policy
 from commbench.training.runner import fsdp_units
+from commbench.training.strategies import GradScaling
 from tests.distutil import run_in_world
 
 N = 2
@@ -90,13 +85,17 @@ def _counter_checks() -> dict[str, Any]:
 
 
 def _world_checks(rank: int, world_size: int) -> dict[str, Any]:
-    from commbench.training import run_training
+    from commbench.training import run_training as _run_training
+
+    def run_training(*args: Any, **kwargs: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        summary, steps = _run_training(*args, **kwargs)  # typed records, compared below as plain rows
+        return [r.as_dict() for r in summary], [r.as_dict() for r in steps]
 
     dev = torch.device("cpu")
     res: dict[str, Any] = {"counter": _counter_checks()}
     done: list[str] = []
     res["gpt"] = run_training(
-        {**GPT, "policies": "all"}, device=dev, on_policy_done=lambda s, st: done.extend(r["policy"] for r in s)
+        {**GPT, "policies": "all"}, device=dev, on_policy_done=lambda s, st: done.extend(r.policy for r in s)
     )
     res["gpt_done"] = done
     res["gpt_again"] = run_training({**GPT, "policies": ["fp32"]}, device=dev)
@@ -136,9 +135,9 @@ def test_get_policy_unknown_names_choices() -> None:
 
 
 def test_validate_defaults_and_all() -> None:
-    sec = validate_training_section({})
-    assert sec["model"] == "gpt" and sec["policies"] == STABLE_NAMES
-    assert validate_training_section({"policies": "fp16_hook"})["policies"] == ["fp16_hook"]
+    sec = TrainingConfig.from_dict({})
+    assert sec.model == "gpt" and sec.policies == STABLE_NAMES
+    assert TrainingConfig.from_dict({"policies": "fp16_hook"}).policies == ["fp16_hook"]
 
 
 @pytest.mark.parametrize(
@@ -159,7 +158,7 @@ def test_validate_defaults_and_all() -> None:
 )
 def test_validate_rejects_with_one_clear_line(bad: dict[str, Any], pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern) as info:
-        validate_training_section(bad)
+        TrainingConfig.from_dict(bad)
     assert "\n" not in str(info.value)
 
 
@@ -184,6 +183,10 @@ def test_counter_uninstalls_and_refuses_nesting() -> None:
     assert dist.all_reduce is orig
 
 
+def analytic_model_state_bytes(policy: Any, psi: int, n: int) -> int:
+    return int(policy.state_bytes(psi=psi, world_size=n))
+
+
 def test_analytic_model_state_formulas() -> None:
     psi = 1000
     # By hand for n=4 (params + grads + Adam's two moments, fp32 master weights):
@@ -202,7 +205,7 @@ def test_analytic_model_state_formulas() -> None:
 
 
 def test_fsdp_unit_shards_padded_per_wrapper() -> None:
-    model = build_model(validate_training_section({"model": "mlp", "d_model": 5, "n_layers": 2, "vocab": 3}))
+    model = build_model(TrainingConfig.from_dict({"model": "mlp", "d_model": 5, "n_layers": 2, "vocab": 3}))
     # mlp: inp Linear(5,5) + 2 blocks Linear(5,5) + head Linear(5,3); n=3
     blk = 5 * 5 + 5
     root = blk + (5 * 3 + 3)
@@ -228,9 +231,9 @@ def test_pitfall_detectors() -> None:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     fsdp_fp16 = get_policy("fsdp2_fp16_scaler")
-    assert plain_scaler_on_sharded(replace(fsdp_fp16, scaler="grad"), torch.amp.GradScaler("cpu")) is not None
-    assert plain_scaler_on_sharded(fsdp_fp16, ShardedGradScaler(device="cpu")) is None
-    assert plain_scaler_on_sharded(scaled, torch.amp.GradScaler("cpu")) is None
+    assert "use ShardedGradScaler" in "".join(replace(fsdp_fp16, loss_scaling=GradScaling()).pitfalls())
+    assert fsdp_fp16.pitfalls() == [] and isinstance(fsdp_fp16.loss_scaling.make(torch.device("cpu")), ShardedGradScaler)
+    assert scaled.pitfalls() == []
 
 
 def test_gain_tables_from_rows() -> None:
@@ -291,7 +294,7 @@ def test_every_policy_runs_and_writes_rows(world: list[dict[str, Any]]) -> None:
 
 def _gpt_counts() -> tuple[int, int]:
     # Independent of the code under test's bookkeeping: count parameters of a model built here.
-    model = build_model(validate_training_section(GPT))
+    model = build_model(TrainingConfig.from_dict(GPT))
     psi = sum(p.numel() for p in model.parameters())
     blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]
     root = psi - sum(p.numel() for b in blocks for p in b.parameters())
@@ -378,7 +381,7 @@ def test_batchnorm_pitfall_and_fp32_batchnorm_units(world: list[dict[str, Any]])
         by_op = json.loads(s[p]["comm_by_op"])
         assert by_op == json.loads(s[p]["comm_expected_by_op"]) and "all_gather:float" in by_op
     # DDP re-broadcasts BatchNorm buffers from rank 0 every forward: running mean/var + the int64 counter
-    model = build_model(validate_training_section(CONV))
+    model = build_model(TrainingConfig.from_dict(CONV))
     buf = sum(b.numel() * b.element_size() for b in model.buffers() if b.dtype == torch.float32)
     assert json.loads(s["fp32"]["comm_by_op"])["broadcast:float"] == buf
     assert json.loads(s["fp32"]["comm_by_op"])["broadcast:int64"] == 8 * sum(

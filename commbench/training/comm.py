@@ -37,15 +37,46 @@ def dtype_name(dtype: torch.dtype) -> str:
     return NCCL_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
+_EXTRA_BUS_FACTORS: dict[str, Callable[[int], float]] = {
+    "broadcast": lambda n: 1.0,  # DDP's buffer re-broadcast, ZeRO-1's parameters; not a benchmarked collective
+}
+
+BACKEND_OPS: dict[tuple[str, str], tuple[str, str]] = {
+    ("gloo", "reduce_scatter"): (
+        "all_reduce",
+        "gloo implements reduce_scatter as an all_reduce of the whole input: wire bytes exceed nominal",
+    ),
+}
+"""(backend, op) -> (the op the backend really runs, a note for the rows), where they differ."""
+
+
 def bus_factor(op: str, n: int) -> float:
     """nccl-tests bus-bandwidth factor: bytes a rank sends per byte of nccl-tests `size`."""
     if n <= 1:
         return 0.0
-    if op in COLLECTIVES:
-        return COLLECTIVES[op].bus_factor(n)
-    if op == "broadcast":  # DDP's buffer re-broadcast; not a benchmarked collective
-        return 1.0
+    coll = COLLECTIVES.get(op)
+    if coll is not None:
+        return coll.bus_factor(n)
+    extra = _EXTRA_BUS_FACTORS.get(op)
+    if extra is not None:
+        return extra(n)
     raise ValueError(f"unknown collective {op!r}; valid: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast")
+
+
+def wire_bytes(bus_by_op: dict[str, float], backend: str, n: int) -> tuple[float, list[str]]:
+    """(bytes a rank really sends on `backend`, notes) for bus bytes by "op:dtype" (see `BACKEND_OPS`)."""
+    total = 0.0
+    notes: list[str] = []
+    for key, v in bus_by_op.items():
+        op = key.split(":", 1)[0]
+        real = BACKEND_OPS.get((backend, op))
+        if real is None:
+            total += v
+            continue
+        total += v * bus_factor(real[0], n) / bus_factor(op, n)
+        if real[1] not in notes:
+            notes.append(real[1])
+    return total, notes
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -219,9 +250,8 @@ class CommCounter:
         total = 0.0
         for key, size in self.size_bytes.items():
             op = key.split(":", 1)[0]
-            if backend == "gloo" and op == "reduce_scatter":
-                op = "all_reduce"
-            total += size * bus_factor(op, n)
+            real = BACKEND_OPS.get((backend, op), (op, ""))[0]
+            total += size * bus_factor(real, n)
         return total
 
 

@@ -187,36 +187,3 @@ def codec_hook_bytes(codec_name: str, bucket_numels: Sequence[int], n: int) -> d
             key = _key(coll.name, dtype)
             out[key] = out.get(key, 0.0) + coll.bus_factor(n) * size
     return out
-
-
-# --- policy hook names (kept for the runner until it asks strategy objects) -----------------------------
-
-
-def fp8_codec() -> tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]], Callable[..., torch.Tensor], str]:
-    """(quantize, dequantize, source) of the fp8 codec the hook uses (one codec, one scale rule)."""
-    from commbench.fp8 import dequantize, quantize
-
-    return quantize, dequantize, "commbench.fp8"
-
-
-def _allreduce_hook() -> HookFn:
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    return allreduce_hook
-
-
-_POLICY_HOOKS: dict[str | None, Callable[[], HookFn]] = {
-    None: _allreduce_hook,
-    "fp16": lambda: cast_hook(torch.float16),
-    "bf16": lambda: cast_hook(torch.bfloat16),
-    "fp8": lambda: codec_hook("fp8_e4m3"),
-}
-
-
-def get_hook(kind: str | None) -> HookFn:
-    """The hook for a policy's `hook` field: None -> torch's allreduce_hook (the builtin mean all-reduce)."""
-    try:
-        make = _POLICY_HOOKS[kind]
-    except KeyError:
-        raise ValueError(f"unknown DDP hook {kind!r}; valid: None, fp16, bf16, fp8") from None
-    return make()

@@ -1,15 +1,7 @@
-"""Memory per rank: the analytic model-state bytes of a policy and a measured peak of one training step.
+"""Memory per rank: a measured peak of one training step, and the live bytes of a wrapped model.
 
-Analytic ("model_state_bytes"): parameters + gradients + Adam states (two fp32 moments) held by one
-rank at the step's peak, from Psi and the world size n, for *this* implementation. Gradients are
-set to None after each step, so for FSDP the peak is the larger of two phases -- end of forward
-(sharded params + optimizer state + whatever stays unsharded) and the optimizer step (sharded
-params + sharded grads + optimizer state):
-  DDP:                      4Psi params + 4Psi grads (the persistent buckets) + 8Psi Adam = 16 Psi
-  ZeRO-1 (ZeroRedundancyOptimizer): 4Psi + 4Psi + 8Psi/n
-  FSDP FULL_SHARD (ZeRO-3): 16 Psi / n   (the one or two gathered units in flight excluded)
-  FSDP SHARD_GRAD_OP (ZeRO-2): max(12 Psi/n + b_param * Psi, 16 Psi/n)  (unsharded params kept from
-                               forward to backward)
+The analytic model-state bytes ("model_state_bytes") are the policy's strategies' formula
+(`Policy.state_bytes`, see `strategies.py`: ZeRO's P + G + K per parameter, partitioned per sharding).
 Measured ("peak_mem_bytes", labelled by "peak_mem_kind"), on the last warm-up step (never a timed one):
   cuda_allocator: `torch.cuda.max_memory_allocated` over the step.
   cpu_heap:       growth of the C heap's in-use bytes (glibc `mallinfo2`: uordblks + hblkhd) from
@@ -30,20 +22,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from commbench.training.policies import Policy
-
-
-def analytic_model_state_bytes(policy: Policy, psi: int, n: int) -> int:
-    """Model-state bytes per rank at the step's peak (see module docstring); Adam, fp32 master weights."""
-    if policy.wrapper == "ddp":
-        opt = 8 * psi / n if policy.zero_optimizer else 8 * psi
-        return int(4 * psi + 4 * psi + opt)
-    optimizer_step = 16 * psi / n  # shards + sharded grads + Adam
-    end_of_forward = 12 * psi / n  # shards + Adam (no grads yet)
-    if not policy.reshard_after_forward:
-        end_of_forward += policy.param_dtype.itemsize * psi
-    return int(max(optimizer_step, end_of_forward))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -9,11 +9,14 @@ sees exactly the same batches and drift against the fp32 baseline means somethin
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from commbench.training.config import TrainingConfig
 
 MODELS: tuple[str, ...] = ("gpt", "mlp", "convnet")
 
@@ -112,20 +115,20 @@ class ConvNet(nn.Module):
 IMAGE_SIZE = 16
 
 
-def build_model(section: dict[str, Any]) -> nn.Module:
+def build_model(cfg: TrainingConfig) -> nn.Module:
     """Build the section's model with the section's seed (identical weights on every rank)."""
-    torch.manual_seed(int(section["seed"]))
-    name = section["model"]
-    d, layers, vocab = int(section["d_model"]), int(section["n_layers"]), int(section["vocab"])
+    torch.manual_seed(int(cfg.seed))
+    name = cfg.model
+    d, layers, vocab = int(cfg.d_model), int(cfg.n_layers), int(cfg.vocab)
     if name == "gpt":
-        model: nn.Module = GPT(vocab, int(section["seq_len"]), d, layers, int(section["n_heads"]))
+        model: nn.Module = GPT(vocab, int(cfg.seq_len), d, layers, int(cfg.n_heads))
     elif name == "mlp":
         model = MLP(d, d, layers, vocab)
     elif name == "convnet":
         model = ConvNet(d, layers, vocab)
     else:
         raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
-    init_std = section.get("init_std")
+    init_std = cfg.init_std
     if init_std is not None:
         # Shrinks every weight: a tiny-gradient regime where fp16 without loss scaling underflows.
         with torch.no_grad():
@@ -135,22 +138,20 @@ def build_model(section: dict[str, Any]) -> nn.Module:
     return model
 
 
-def make_batch(
-    section: dict[str, Any], rank: int, step: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(cfg: TrainingConfig, rank: int, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Synthetic (inputs, targets) for `rank` at `step`; depends only on (seed, rank, step)."""
-    g = torch.Generator().manual_seed(int(section["seed"]) * 1_000_003 + rank * 10_007 + step)
-    b, vocab = int(section["batch_size"]), int(section["vocab"])
-    name = section["model"]
+    g = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + rank * 10_007 + step)
+    b, vocab = int(cfg.batch_size), int(cfg.vocab)
+    name = cfg.model
     if name == "gpt":
         # Next-token prediction on a random walk over the vocabulary: learnable, not pure noise.
-        t = int(section["seq_len"]) + 1
+        t = int(cfg.seq_len) + 1
         steps = torch.randint(-2, 3, (b, t), generator=g)
         start = torch.randint(0, vocab, (b, 1), generator=g)
         seq = (start + steps.cumsum(dim=1)) % vocab
         x, y = seq[:, :-1], seq[:, 1:]
     elif name == "mlp":
-        x = torch.randn(b, int(section["d_model"]), generator=g)
+        x = torch.randn(b, int(cfg.d_model), generator=g)
         y = (x[:, :vocab].argmax(dim=1) + (x.sum(dim=1) > 0).long()) % vocab
     else:
         x = torch.randn(b, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g)
@@ -163,9 +164,9 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def tokens_per_sample(section: dict[str, Any]) -> int:
+def tokens_per_sample(cfg: TrainingConfig) -> int:
     """Tokens in one sample: seq_len for the GPT, 1 otherwise."""
-    return int(section["seq_len"]) if section["model"] == "gpt" else 1
+    return int(cfg.seq_len) if cfg.model == "gpt" else 1
 
 
 def param_count(model: nn.Module) -> int:
@@ -173,15 +174,11 @@ def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def check_shape(section: dict[str, Any]) -> None:
+def check_shape(cfg: TrainingConfig) -> None:
     """Raise ValueError when the model shape is inconsistent (e.g. d_model not divisible by n_heads)."""
-    if section["model"] == "gpt" and int(section["d_model"]) % int(section["n_heads"]) != 0:
-        raise ValueError(
-            f"training.d_model={section['d_model']} must be divisible by training.n_heads={section['n_heads']}"
-        )
-    if section["model"] == "mlp" and int(section["vocab"]) > int(section["d_model"]):
-        raise ValueError(
-            f"training.vocab={section['vocab']} (classes) must be <= training.d_model={section['d_model']} for the mlp"
-        )
-    if not math.isfinite(float(section["lr"])) or float(section["lr"]) <= 0:
-        raise ValueError(f"training.lr must be a positive number, got {section['lr']!r}")
+    if cfg.model == "gpt" and int(cfg.d_model) % int(cfg.n_heads) != 0:
+        raise ValueError(f"training.d_model={cfg.d_model} must be divisible by training.n_heads={cfg.n_heads}")
+    if cfg.model == "mlp" and int(cfg.vocab) > int(cfg.d_model):
+        raise ValueError(f"training.vocab={cfg.vocab} (classes) must be <= training.d_model={cfg.d_model} for the mlp")
+    if not math.isfinite(float(cfg.lr)) or float(cfg.lr) <= 0:
+        raise ValueError(f"training.lr must be a positive number, got {cfg.lr!r}")

@@ -5,7 +5,8 @@ Pure functions over measurements (no torch.distributed), so each detector is tes
   zeros, or non-finite steps;
 - BatchNorm running in fp16 (its input) or with low-precision running statistics;
 - gradients left in low precision after communication when the parameters are fp32;
-- a plain GradScaler where sharded (FSDP/ZeRO-3) fp16 needs ShardedGradScaler.
+- a plain GradScaler where sharded (FSDP/ZeRO-3) fp16 needs ShardedGradScaler (the loss-scaling
+  strategy's own `pitfall`, asked through `Policy.pitfalls`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def fp16_unscaled(
     policy: Policy, underflow_frac: float, baseline_underflow_frac: float, nonfinite_steps: int, skipped_steps: int
 ) -> str | None:
     """fp16 arithmetic or communication on gradients without a loss scaler, and it shows."""
-    if not policy.uses_fp16 or policy.scaler is not None:
+    if not policy.uses_fp16 or policy.loss_scaling.scales:
         return None
     excess = underflow_frac - baseline_underflow_frac
     if excess <= UNDERFLOW_WARN_FRAC and nonfinite_steps == 0:
@@ -55,17 +56,3 @@ def low_precision_grads(pairs: Iterable[tuple[torch.dtype, torch.dtype]], asked:
     if not low:
         return None
     return f"gradients left in {', '.join(low)} after communication (parameters are float32)"
-
-
-def plain_scaler_on_sharded(policy: Policy, scaler: object | None) -> str | None:
-    """A plain GradScaler on sharded parameters: found-inf is per rank, so ranks can disagree on skipping."""
-    if policy.wrapper == "ddp" or scaler is None:
-        return None
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-    if isinstance(scaler, ShardedGradScaler):
-        return None
-    return (
-        f"plain {type(scaler).__name__} with {policy.wrapper} sharded parameters: found-inf is not reduced "
-        "across ranks; use ShardedGradScaler"
-    )

@@ -1,4 +1,8 @@
-"""The training precision-policy registry: stable names -> how a model is wrapped, cast, scaled and reduced.
+"""The training precision-policy registry: stable names -> composed strategy objects (see `strategies.py`).
+
+A policy is a Sharding, a GradComm and a LossScaling plus an autocast dtype. Adding one is a row in
+`_POLICIES` (or `register_policy` from elsewhere); a new kind of sharding or hook is a class in
+`strategies.py`.
 
 Names are stable because reports and `training.csv` rows use them:
 
@@ -32,155 +36,203 @@ from dataclasses import dataclass
 
 import torch
 
+from commbench.training.strategies import (
+    ADAM_FP32,
+    ALL_REDUCE,
+    DDP,
+    FSDP1,
+    FSDP2,
+    NO_LAYOUT,
+    NO_SCALING,
+    SHORT,
+    UNDERFLOW,
+    CastHook,
+    CodecHook,
+    GradComm,
+    GradScaling,
+    Layout,
+    LossScaling,
+    ModelState,
+    ShardedGradScaling,
+    Sharding,
+    ZeRO1,
+    merge_bytes,
+)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Policy:
-    """One precision policy. Pure description: `runner.py` turns it into a wrapped model and a step."""
+    """One precision policy: the strategies it composes. `runner.py` asks them, never their names."""
 
     name: str
     """Stable registry name (used in rows and reports)."""
     family: str
-    """ddp | fsdp1 | fsdp2 | zero."""
+    """ddp | fsdp1 | fsdp2 | zero (a report label)."""
     description: str
     """One line for reports."""
-    wrapper: str = "ddp"
-    """ddp | fsdp1 | fsdp2: which torch wrapper runs it (zero policies use ddp or fsdp1)."""
+    sharding: Sharding = DDP()
+    """How the model and optimizer are replicated or sharded."""
+    grad_comm: GradComm = ALL_REDUCE
+    """DDP gradient hook (sharded wrappers communicate in their reduce dtype instead)."""
+    loss_scaling: LossScaling = NO_SCALING
+    """Loss scaler."""
     autocast: torch.dtype | None = None
     """Autocast compute dtype, or None for no autocast."""
-    scaler: str | None = None
-    """None | "grad" (torch.amp.GradScaler) | "sharded" (ShardedGradScaler)."""
-    hook: str | None = None
-    """DDP gradient hook: None (torch's allreduce_hook) | "fp16" | "bf16" | "fp8"."""
-    zero_optimizer: bool = False
-    """Wrap the optimizer in ZeroRedundancyOptimizer (ZeRO-1)."""
-    param_dtype: torch.dtype = torch.float32
-    """FSDP: dtype the parameters are all-gathered and computed in."""
-    reduce_dtype: torch.dtype = torch.float32
-    """FSDP: dtype of the gradient reduce-scatter."""
-    buffer_dtype: torch.dtype | None = None
-    """FSDP1: dtype of buffers (None keeps fp32)."""
-    reshard_after_forward: bool = True
-    """FSDP: free the gathered parameters after forward (FULL_SHARD / ZeRO-3) or keep them (ZeRO-2)."""
+
+    def __post_init__(self) -> None:
+        if self.grad_comm != ALL_REDUCE and not self.sharding.takes_hooks:
+            raise ValueError(f"policy {self.name!r}: {type(self.sharding).__name__} takes no gradient hook")
 
     @property
     def comm_dtype(self) -> str:
         """Dtype the gradients are communicated in (for reports)."""
-        if self.wrapper == "ddp":
-            return {None: "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8_e4m3"}[self.hook]
-        return _SHORT[self.reduce_dtype]
+        return self.sharding.comm_dtype(self.grad_comm)
 
     @property
     def grad_low_dtype(self) -> str:
         """The lowest precision a gradient passes through (compute or communication): fp32|bf16|fp16|fp8_e4m3."""
-        order = ["fp8_e4m3", "fp16", "bf16", "fp32"]
         cands = [self.comm_dtype]
         if self.autocast is not None:
-            cands.append(_SHORT[self.autocast])
-        if self.wrapper != "ddp":
-            cands.append(_SHORT[self.param_dtype])
-        return min(cands, key=order.index)
+            cands.append(SHORT[self.autocast])
+        cands.extend(SHORT[d] for d in self.sharding.grad_dtypes())
+        return min(cands, key=list(UNDERFLOW).index)
 
     @property
     def uses_fp16(self) -> bool:
         """True when any fp16 arithmetic or communication touches the gradients."""
         return self.grad_low_dtype == "fp16"
 
+    def comm_bytes(self, *, psi: float, world_size: int, layout: Layout = NO_LAYOUT) -> dict[str, float]:
+        """Formula: bus bytes per step by "op:dtype" (nccl-tests definitions, see comm.py)."""
+        if world_size <= 1:
+            return {}
+        scaler = self.loss_scaling.comm_bytes(world_size=world_size)
+        wrapper = self.sharding.comm_bytes(psi=psi, world_size=world_size, grad_comm=self.grad_comm, layout=layout)
+        return merge_bytes(scaler, wrapper)
 
-_SHORT: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+        """Model-state bytes per rank at the step's peak (see `Sharding.state_bytes`)."""
+        return self.sharding.state_bytes(psi=psi, world_size=world_size, state=state)
+
+    def pitfalls(self) -> list[str]:
+        """Warnings the configuration itself deserves, before any step runs."""
+        msg = self.loss_scaling.pitfall(self.sharding)
+        return [msg] if msg else []
+
 
 BF16, FP16 = torch.bfloat16, torch.float16
 
 _POLICIES: tuple[Policy, ...] = (
     Policy(name="fp32", family="ddp", description="DDP, fp32 compute and all-reduce (baseline)"),
     Policy(name="amp_bf16", family="ddp", description="DDP, autocast bf16", autocast=BF16),
-    Policy(name="amp_fp16", family="ddp", description="DDP, autocast fp16 + GradScaler", autocast=FP16, scaler="grad"),
+    Policy(
+        name="amp_fp16",
+        family="ddp",
+        description="DDP, autocast fp16 + GradScaler",
+        autocast=FP16,
+        loss_scaling=GradScaling(),
+    ),
     Policy(
         name="amp_fp16_noscaler",
         family="ddp",
         description="DDP, autocast fp16 without loss scaling (pitfall)",
         autocast=FP16,
     ),
-    Policy(name="fp16_hook", family="ddp", description="DDP, fp32 compute, fp16 gradient all-reduce hook", hook="fp16"),
-    Policy(name="bf16_hook", family="ddp", description="DDP, fp32 compute, bf16 gradient all-reduce hook", hook="bf16"),
+    Policy(
+        name="fp16_hook",
+        family="ddp",
+        description="DDP, fp32 compute, fp16 gradient all-reduce hook",
+        grad_comm=CastHook(FP16),
+    ),
+    Policy(
+        name="bf16_hook",
+        family="ddp",
+        description="DDP, fp32 compute, bf16 gradient all-reduce hook",
+        grad_comm=CastHook(BF16),
+    ),
     Policy(
         name="fp8_hook",
         family="ddp",
         description="DDP, fp32 compute, fp8 e4m3 (scaled) gradient reduction hook",
-        hook="fp8",
+        grad_comm=CodecHook("fp8_e4m3"),
     ),
     Policy(
         name="fsdp2_bf16_fp32reduce",
         family="fsdp2",
-        wrapper="fsdp2",
         description="FSDP2, params bf16, reduce-scatter fp32",
-        param_dtype=BF16,
-        reduce_dtype=torch.float32,
+        sharding=FSDP2(param_dtype=BF16, reduce_dtype=torch.float32),
     ),
     Policy(
         name="fsdp2_bf16",
         family="fsdp2",
-        wrapper="fsdp2",
         description="FSDP2, params bf16, reduce-scatter bf16",
-        param_dtype=BF16,
-        reduce_dtype=BF16,
+        sharding=FSDP2(param_dtype=BF16, reduce_dtype=BF16),
     ),
     Policy(
         name="fsdp2_fp16_scaler",
         family="fsdp2",
-        wrapper="fsdp2",
         description="FSDP2, params fp16, reduce-scatter fp16, ShardedGradScaler",
-        param_dtype=FP16,
-        reduce_dtype=FP16,
-        scaler="sharded",
+        sharding=FSDP2(param_dtype=FP16, reduce_dtype=FP16),
+        loss_scaling=ShardedGradScaling(),
     ),
     Policy(
         name="fsdp1_bf16",
         family="fsdp1",
-        wrapper="fsdp1",
         description="FSDP1 FULL_SHARD, MixedPrecision(param bf16, reduce fp32, buffers bf16)",
-        param_dtype=BF16,
-        reduce_dtype=torch.float32,
-        buffer_dtype=BF16,
+        sharding=FSDP1(param_dtype=BF16, reduce_dtype=torch.float32, buffer_dtype=BF16),
     ),
     Policy(
-        name="zero1_fp32", family="zero", description="ZeRO-1: ZeroRedundancyOptimizer + DDP, fp32", zero_optimizer=True
+        name="zero1_fp32",
+        family="zero",
+        description="ZeRO-1: ZeroRedundancyOptimizer + DDP, fp32",
+        sharding=ZeRO1(),
     ),
     Policy(
         name="zero1_bf16",
         family="zero",
         description="ZeRO-1: ZeroRedundancyOptimizer + DDP, autocast bf16, bf16 hook",
-        zero_optimizer=True,
+        sharding=ZeRO1(),
         autocast=BF16,
-        hook="bf16",
+        grad_comm=CastHook(BF16),
     ),
     Policy(
         name="zero2_fp32",
         family="zero",
-        wrapper="fsdp1",
         description="ZeRO-2: FSDP1 SHARD_GRAD_OP, fp32",
-        reshard_after_forward=False,
+        sharding=FSDP1(reshard_after_forward=False),
     ),
     Policy(
         name="zero2_bf16",
         family="zero",
-        wrapper="fsdp1",
         description="ZeRO-2: FSDP1 SHARD_GRAD_OP, params/reduce bf16",
-        reshard_after_forward=False,
-        param_dtype=BF16,
-        reduce_dtype=BF16,
+        sharding=FSDP1(reshard_after_forward=False, param_dtype=BF16, reduce_dtype=BF16),
     ),
-    Policy(name="zero3_fp32", family="zero", wrapper="fsdp1", description="ZeRO-3: FSDP1 FULL_SHARD, fp32"),
+    Policy(name="zero3_fp32", family="zero", description="ZeRO-3: FSDP1 FULL_SHARD, fp32", sharding=FSDP1()),
     Policy(
         name="zero3_bf16",
         family="zero",
-        wrapper="fsdp1",
         description="ZeRO-3: FSDP1 FULL_SHARD, params/reduce bf16",
-        param_dtype=BF16,
-        reduce_dtype=BF16,
+        sharding=FSDP1(param_dtype=BF16, reduce_dtype=BF16),
     ),
 )
 
 POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}
+
+BASELINE = "fp32"
+"""The policy every drift and gain is measured against (always run first)."""
+
+
+def register_policy(policy: Policy) -> Policy:
+    """Add a policy to the registry (after the built-in ones); a taken name raises ValueError."""
+    if policy.name in POLICIES or policy.name == "all":
+        raise ValueError(f"training policy {policy.name!r} is already registered")
+    POLICIES[policy.name] = policy
+    return policy
+
+
+def unregister_policy(name: str) -> None:
+    """Remove a registered policy (tests register toys and clean up after themselves)."""
+    POLICIES.pop(name, None)
 
 
 def list_policies() -> list[str]:

@@ -27,34 +27,25 @@ against.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from commbench.training import pitfalls as pitfalls_mod
-from commbench.training.comm import CommCounter, bus_factor, dtype_name
-from commbench.training.hooks import fp8_codec, get_hook
-from commbench.training.memory import analytic_model_state_bytes, heap_in_use, measure_step_memory
+from commbench.training.comm import CommCounter, dtype_name, wire_bytes
+from commbench.training.config import TrainingConfig
+from commbench.training.memory import heap_in_use, measure_step_memory
 from commbench.training.models import build_model, loss_fn, make_batch, param_count, tokens_per_sample
-from commbench.training.policies import Policy, get_policy
-from commbench.training.section import validate_training_section
-
-# Half the smallest positive subnormal: at or below it a value rounds to zero when cast (ties to even).
-_UNDERFLOW: dict[str, float] = {
-    "fp32": 2.0**-150,
-    "bf16": 2.0**-134,
-    "fp16": 2.0**-25,
-}
-_FP8_E4M3_REL = 2.0**-10 / 448.0
-
+from commbench.training.policies import BASELINE, Policy, get_policy
+from commbench.training.records import TrainingStep, TrainingSummary
+from commbench.training.strategies import UNDERFLOW, FsdpUnit, Layout, autocast
 
 # --- one policy --------------------------------------------------------------------------------------
 
@@ -66,8 +57,7 @@ class Wrapped:
     model: nn.Module
     optimizer: Any
     scaler: Any | None
-    ddp_bucket_numels: list[int] = field(default_factory=list)
-    fsdp_units: list[FsdpUnit] = field(default_factory=list)
+    layout: Layout
 
 
 @dataclass
@@ -85,179 +75,22 @@ class StepRecord:
     comm: dict[str, float]
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    return list(getattr(model, "blocks", []))
-
-
-def _batchnorms(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-
-@dataclass(frozen=True, slots=True)
-class FsdpUnit:
-    """One FSDP unit as the formulas see it: its shard size, dtypes and how often it is all-gathered."""
-
-    shard_numel: int
-    param_dtype: torch.dtype
-    reduce_dtype: torch.dtype
-    gathers: int
-
-
 def fsdp_units(model: nn.Module, policy: Policy, n: int) -> list[FsdpUnit]:
-    """The units `_wrap` creates for `policy` (blocks, BatchNorms kept in fp32 under mixed precision, root).
-
-    FSDP1 flattens a unit's own parameters (nested units excluded) and pads the flat parameter to a
-    multiple of n; FSDP2 shards every parameter on dim 0, padding dim 0 to a multiple of n. The
-    root stays gathered from forward to backward in both (all-gathered once per step); other units
-    are gathered again for backward when they reshard after forward.
-    """
-    mixed = policy.param_dtype != torch.float32 or policy.reduce_dtype != torch.float32
-    bns = _batchnorms(model) if mixed else []
-    fp32 = torch.float32
-    groups: list[tuple[list[nn.Parameter], bool, torch.dtype, torch.dtype]] = []
-    taken: set[int] = set()
-    for bn in bns:  # innermost first: their parameters leave the enclosing block's unit
-        ps = [p for p in bn.parameters() if id(p) not in taken]
-        taken |= {id(p) for p in ps}
-        groups.append((ps, False, fp32, fp32))
-    for block in _blocks(model):
-        ps = [p for p in block.parameters() if id(p) not in taken]
-        taken |= {id(p) for p in ps}
-        groups.append((ps, False, policy.param_dtype, policy.reduce_dtype))
-    groups.append(
-        ([p for p in model.parameters() if id(p) not in taken], True, policy.param_dtype, policy.reduce_dtype)
-    )
-
-    def shard(ps: list[nn.Parameter]) -> int:
-        if policy.wrapper == "fsdp1":
-            return -(-sum(p.numel() for p in ps) // n)
-        return sum(-(-p.shape[0] // n) * (p.numel() // max(p.shape[0], 1)) for p in ps)
-
-    units = []
-    for ps, is_root, pd, rd in groups:
-        size = shard(ps)
-        if size:
-            gathers = 2 if policy.reshard_after_forward and not is_root else 1
-            units.append(FsdpUnit(size, pd, rd, gathers))
-    return units
-
-
-def _make_scaler(policy: Policy, device: torch.device) -> Any | None:
-    """The policy's loss scaler: GradScaler, ShardedGradScaler (sharded gradients), or none."""
-    if policy.scaler == "sharded":
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(device=device.type)
-    if policy.scaler == "grad":
-        return torch.amp.GradScaler(device.type)
-    return None
+    """The FSDP units `policy`'s sharding creates for `model` on `n` ranks (padding included)."""
+    return policy.sharding.units(policy.sharding.describe(model), n)
 
 
 def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: int) -> Wrapped:
-    model = model.to(device)
-    if policy.wrapper == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ddp = DDP(
-            model,
-            device_ids=[device.index if device.index is not None else torch.cuda.current_device()]
-            if device.type == "cuda"
-            else None,
-            gradient_as_bucket_view=True,  # grads are views of the buckets: no second 4*Psi copy
-        )
-        ddp.register_comm_hook(None, get_hook(policy.hook))
-        params = list(ddp.parameters())
-        if policy.zero_optimizer:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            opt: Any = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
-        else:
-            opt = torch.optim.AdamW(params, lr=lr)
-        return Wrapped(ddp, opt, _make_scaler(policy, device))
-    if policy.wrapper == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        units = fsdp_units(model, policy, n)
-        mesh = init_device_mesh(device.type, (n,))
-        mp = MixedPrecisionPolicy(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype)
-        # None = FSDP2's default: reshard blocks after forward, keep the root gathered (the formula assumes it).
-        reshard = None if policy.reshard_after_forward else False
-        if policy.param_dtype != torch.float32 or policy.reduce_dtype != torch.float32:
-            # BatchNorm kept in fp32 as its own unit, as FSDP1's MixedPrecision does by default
-            # (`_module_classes_to_ignore`); its inputs are cast to fp32 on the way in.
-            keep = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
-            for bn in _batchnorms(model):
-                fully_shard(bn, mesh=mesh, mp_policy=keep, reshard_after_forward=reshard)
-        for block in _blocks(model):
-            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        scaler = _make_scaler(policy, device)
-        return Wrapped(model, opt, scaler, fsdp_units=units)
-    if policy.wrapper == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-        units = fsdp_units(model, policy, n)
-        blocks = _blocks(model)
-        block_types = {type(b) for b in blocks}
-        mp1 = None
-        if policy.param_dtype != torch.float32 or policy.reduce_dtype != torch.float32 or policy.buffer_dtype:
-            mp1 = MixedPrecision(
-                param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype, buffer_dtype=policy.buffer_dtype
-            )
-        fsdp = FSDP(
-            model,
-            device_id=device,
-            auto_wrap_policy=ModuleWrapPolicy(block_types) if block_types else None,
-            sharding_strategy=ShardingStrategy.FULL_SHARD
-            if policy.reshard_after_forward
-            else ShardingStrategy.SHARD_GRAD_OP,
-            mixed_precision=mp1,
-        )
-        opt = torch.optim.AdamW(fsdp.parameters(), lr=lr)
-        scaler = _make_scaler(policy, device)
-        return Wrapped(fsdp, opt, scaler, fsdp_units=units)
-    raise ValueError(f"unknown wrapper {policy.wrapper!r}; valid: ddp, fsdp1, fsdp2")
-
-
-def expected_comm(policy: Policy, w: Wrapped, psi: int, buffer_bytes: dict[str, int], n: int) -> dict[str, float]:
-    """Formula: bus bytes per step by "op:dtype" (nccl-tests definitions, see comm.py)."""
-    out: dict[str, float] = {}
-
-    def add(key: str, v: float) -> None:
-        if v:
-            out[key] = out.get(key, 0.0) + v
-
-    if n <= 1:
-        return out
-    if policy.wrapper == "ddp":
-        ar = bus_factor("all_reduce", n)
-        if policy.hook is None:
-            add("all_reduce:float", ar * psi * 4)
-        elif policy.hook in ("fp16", "bf16"):
-            add(f"all_reduce:{'half' if policy.hook == 'fp16' else 'bfloat16'}", ar * psi * 2)
-        elif policy.hook == "fp8":
-            # per bucket: all_to_all + all_gather of the padded uint8 chunks and of one fp32 scale per chunk
-            for numel in w.ddp_bucket_numels:
-                chunk = -(-numel // n)
-                for op in ("all_to_all", "all_gather"):
-                    add(f"{op}:uint8", bus_factor(op, n) * n * chunk)
-                    add(f"{op}:float", bus_factor(op, n) * n * 4)
-        for key, nbytes in buffer_bytes.items():  # DDP re-broadcasts buffers from rank 0 every forward
-            add(f"broadcast:{key}", nbytes * bus_factor("broadcast", n))
-        if policy.zero_optimizer:  # each owner broadcasts its updated fp32 parameters
-            add("broadcast:float", psi * 4 * bus_factor("broadcast", n))
-        return out
-    ag, rs = bus_factor("all_gather", n), bus_factor("reduce_scatter", n)
-    if policy.scaler == "sharded":  # ShardedGradScaler all-reduces its one-element found_inf per step
-        add("all_reduce:float", bus_factor("all_reduce", n) * 4)
-    for u in w.fsdp_units:
-        add(f"all_gather:{dtype_name(u.param_dtype)}", u.gathers * ag * n * u.shard_numel * u.param_dtype.itemsize)
-        add(f"reduce_scatter:{dtype_name(u.reduce_dtype)}", rs * n * u.shard_numel * u.reduce_dtype.itemsize)
-    return out
+    sharding = policy.sharding
+    buffer_bytes: dict[str, int] = {}
+    for b in model.buffers():
+        key = dtype_name(b.dtype)
+        buffer_bytes[key] = buffer_bytes.get(key, 0) + b.numel() * b.element_size()
+    # Described before wrapping: FSDP replaces the parameters with flat or sharded ones.
+    units = sharding.describe(model)
+    wrapped, opt = sharding.wrap(model.to(device), device=device, lr=lr, world_size=n, grad_comm=policy.grad_comm)
+    layout = Layout(tuple(sharding.bucket_numels(wrapped)), units, buffer_bytes)
+    return Wrapped(wrapped, opt, policy.loss_scaling.make(device), layout)
 
 
 def _sync(device: torch.device) -> None:
@@ -284,10 +117,11 @@ def _grad_dtypes(model: nn.Module) -> set[tuple[torch.dtype, torch.dtype]]:
 
 
 def _underflow_threshold(low: str, grads: list[torch.Tensor]) -> torch.Tensor | float:
-    if low == "fp8_e4m3":
-        amax = max((g.detach().abs().max() for g in grads if g.numel()), default=torch.tensor(0.0))
-        return amax.double() * _FP8_E4M3_REL
-    return _UNDERFLOW[low]
+    absolute, relative = UNDERFLOW[low]
+    if not relative:
+        return absolute
+    amax = max((g.detach().abs().max() for g in grads if g.numel()), default=torch.tensor(0.0))
+    return amax.double() * relative
 
 
 class _BNInspector:
@@ -340,31 +174,20 @@ class PolicySession:
     instrumentation adds no collective to a step.
     """
 
-    def __init__(self, policy: Policy, section: dict[str, Any], device: torch.device) -> None:
+    def __init__(self, policy: Policy, section: TrainingConfig, device: torch.device) -> None:
         self.policy, self.section, self.device = policy, section, device
         self.rank, self.n = dist.get_rank(), dist.get_world_size()
         self.backend = str(dist.get_backend())
         self.heap_base = heap_in_use() if device.type == "cpu" else None
         model = build_model(section)
         self.psi = param_count(model)
-        self.buffer_bytes: dict[str, int] = {}
-        for b in model.buffers():
-            key = dtype_name(b.dtype)
-            self.buffer_bytes[key] = self.buffer_bytes.get(key, 0) + b.numel() * b.element_size()
         self.notes: list[str] = []
         self.pitfalls: list[str] = []
-        self.w = _wrap(policy, model, device, float(section["lr"]), self.n)
-        if policy.wrapper == "ddp":
-            data = cast(Any, self.w.model)._get_ddp_logging_data()
-            sizes = str(data.get("bucket_sizes", "")).replace(" ", "")
-            self.w.ddp_bucket_numels = [int(s) // 4 for s in sizes.split(",") if s]
-        if policy.hook == "fp8":
-            self.notes.append(f"fp8 codec: {fp8_codec()[2]}")
-        msg = pitfalls_mod.plain_scaler_on_sharded(policy, self.w.scaler)
-        if msg:
-            self.pitfalls.append(msg)
-        self.mult = float(section["loss_multiplier"])
-        self.warmup = int(section["warmup_steps"])
+        self.w = _wrap(policy, model, device, float(section.lr), self.n)
+        self.notes.extend(policy.grad_comm.notes())
+        self.pitfalls.extend(policy.pitfalls())
+        self.mult = float(section.loss_multiplier)
+        self.warmup = int(section.warmup_steps)
         self.counter = CommCounter()
         self.bn: _BNInspector | None = _BNInspector(self.w.model)
         self.grad_dtype_pairs: set[tuple[torch.dtype, torch.dtype]] = set()
@@ -376,9 +199,7 @@ class PolicySession:
         self._share: list[int] | None = None
 
     def _autocast(self) -> Any:
-        if self.policy.autocast is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.policy.autocast)
+        return autocast(self.policy.autocast, self.device)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward, backward (with the gradient communication), optimizer step. Returns the detached loss."""
@@ -436,7 +257,7 @@ class PolicySession:
         on every rank, so the ranks split the tensors between them (greedy by size, the same split
         everywhere) and the sums add up across ranks: each rank does 1/n of the work.
         """
-        if self.policy.wrapper != "ddp" or self.n == 1:
+        if not self.policy.sharding.replicated_grads or self.n == 1:
             return grads
         if self._share is None:
             load = [0] * self.n
@@ -462,11 +283,11 @@ class PolicySession:
             else:
                 sumsq = nonfin = torch.zeros((), dtype=torch.float64, device=dev)
             under = torch.zeros((), dtype=torch.float64, device=dev)
-            if low == "fp32":
+            thr = _underflow_threshold(low, grads)
+            if isinstance(thr, float) and thr == 0.0:
                 for g in grads:  # fp32 itself: only exact zeros (counted without a temporary)
                     under += g.numel() - torch.count_nonzero(g)
             else:
-                thr = _underflow_threshold(low, grads)
                 for g in grads:
                     # |g * scale| <= thr, with the threshold scaled once instead of every element
                     under += torch.count_nonzero(torch.abs(g).le_(thr / scale))
@@ -522,24 +343,17 @@ class PolicySession:
         if self.bn is not None:
             pitfalls.extend(pitfalls_mod.batchnorm_low_precision(self.bn.seen))
         notes = list(self.notes)
-        expected = expected_comm(self.policy, self.w, self.psi, self.buffer_bytes, n)
+        expected = self.policy.comm_bytes(psi=self.psi, world_size=n, layout=self.w.layout)
         measured = _mean_comm([r for r in records if not r.warmup])
-        if self.backend == "gloo" and any(k.startswith("reduce_scatter") for k in measured):
-            notes.append(
-                "gloo implements reduce_scatter as an all_reduce of the whole input: wire bytes exceed nominal"
-            )
-        wire = 0.0
-        for key, v in measured.items():
-            op = key.split(":", 1)[0]
-            gloo_rs = self.backend == "gloo" and op == "reduce_scatter"
-            wire += v * bus_factor("all_reduce", n) / bus_factor(op, n) if gloo_rs else v
+        wire, quirks = wire_bytes(measured, self.backend, n)
+        notes.extend(quirks)
         return PolicyRun(
             policy=self.policy,
             steps=records,
             psi=self.psi,
             peak_mem_bytes=self.peak_mem,
             peak_mem_kind=self.peak_kind,
-            model_state_bytes=analytic_model_state_bytes(self.policy, self.psi, n),
+            model_state_bytes=int(self.policy.state_bytes(psi=self.psi, world_size=n)),
             comm_expected=expected,
             comm_wire_bytes=wire,
             notes=notes,
@@ -547,11 +361,11 @@ class PolicySession:
         )
 
 
-def run_policy(policy: Policy, section: dict[str, Any], device: torch.device) -> PolicyRun:
+def run_policy(policy: Policy, section: TrainingConfig, device: torch.device) -> PolicyRun:
     """Train `warmup_steps + steps` steps under `policy`; collectives on the default group."""
     sess = PolicySession(policy, section, device)
-    total = sess.warmup + int(section["steps"])
-    mem_step = sess.warmup - 1 if section["measure_memory"] else -1
+    total = sess.warmup + int(section.steps)
+    mem_step = sess.warmup - 1 if section.measure_memory else -1
     with sess.counter:
         for s in range(total):
             sess.instrumented_step(s, measure_memory=s == mem_step)
@@ -584,36 +398,36 @@ def _ratio(a: float, b: float) -> float:
 
 
 def build_rows(
-    run: PolicyRun, baseline: PolicyRun | None, section: dict[str, Any], n: int, backend: str, device: torch.device
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Summary row and step rows for one policy, with drift and gains against the fp32 baseline."""
+    run: PolicyRun, baseline: PolicyRun | None, section: TrainingConfig, n: int, backend: str, device: torch.device
+) -> tuple[TrainingSummary, list[TrainingStep]]:
+    """Summary record and step records for one policy, with drift and gains against the fp32 baseline."""
     p = run.policy
     base_steps = {r.step: r for r in baseline.steps} if baseline is not None else {}
-    step_rows: list[dict[str, Any]] = []
+    step_rows: list[TrainingStep] = []
     for r in run.steps:
         b = base_steps.get(r.step)
         step_rows.append(
-            {
-                "policy": p.name,
-                "step": r.step,
-                "warmup": r.warmup,
-                "loss": r.loss,
-                "grad_norm": r.grad_norm,
-                "step_time_us": r.step_time_us,
-                "skipped": r.skipped,
-                "nonfinite": r.nonfinite,
-                "underflow_frac": r.underflow_frac,
-                "loss_drift": r.loss - b.loss if b is not None else math.nan,
-                "grad_norm_drift": (r.grad_norm - b.grad_norm) / b.grad_norm
+            TrainingStep(
+                policy=p.name,
+                step=r.step,
+                warmup=r.warmup,
+                loss=r.loss,
+                grad_norm=r.grad_norm,
+                step_time_us=r.step_time_us,
+                skipped=r.skipped,
+                nonfinite=r.nonfinite,
+                underflow_frac=r.underflow_frac,
+                loss_drift=r.loss - b.loss if b is not None else math.nan,
+                grad_norm_drift=(r.grad_norm - b.grad_norm) / b.grad_norm
                 if b is not None and b.grad_norm
                 else math.nan,
-                "comm_bytes": sum(r.comm.values()),
-            }
+                comm_bytes=sum(r.comm.values()),
+            )
         )
     measured = [r for r in run.steps if not r.warmup]
     times = [r.step_time_us for r in measured]
     p50, p95 = _pct(times, 0.5), _pct(times, 0.95)
-    samples = int(section["batch_size"]) * n / (p50 * 1e-6) if p50 and math.isfinite(p50) else math.nan
+    samples = int(section.batch_size) * n / (p50 * 1e-6) if p50 and math.isfinite(p50) else math.nan
     comm_by_op = _mean_comm(measured)
     comm_total = sum(comm_by_op.values())
     expected_total = sum(run.comm_expected.values())
@@ -631,20 +445,21 @@ def build_rows(
         run.notes.append("measured comm bytes differ from the formula")
     base_final = baseline.steps[-1] if baseline is not None and baseline.steps else None
     final = run.steps[-1] if run.steps else None
-    gdrifts = [abs(row["grad_norm_drift"]) for row in step_rows if math.isfinite(row["grad_norm_drift"])]
+    gdrifts = [abs(row.grad_norm_drift) for row in step_rows if math.isfinite(row.grad_norm_drift)]
     base_summary = _base_numbers(baseline, section, n) if baseline is not None else {}
-    summary = {
+    summary = TrainingSummary(
+        **{
         "policy": p.name,
         "family": p.family,
         "description": p.description,
         "comm_dtype": p.comm_dtype,
-        "model": section["model"],
+        "model": section.model,
         "params": run.psi,
         "world_size": n,
         "backend": backend,
         "device": str(device),
         "steps": len(measured),
-        "warmup_steps": int(section["warmup_steps"]),
+        "warmup_steps": int(section.warmup_steps),
         "step_time_us_p50": p50,
         "step_time_us_p95": p95,
         "samples_per_s": samples,
@@ -670,7 +485,8 @@ def build_rows(
         "warnings": "; ".join(pitfalls),
         "notes": "; ".join(run.notes),
         "error": run.error,
-    }
+        }
+    )  # fmt: skip
     return summary, step_rows
 
 
@@ -679,7 +495,7 @@ def _close(a: dict[str, float], b: dict[str, float]) -> bool:
     return all(abs(a.get(k, 0.0) - b.get(k, 0.0)) <= 1e-6 * max(1.0, abs(b.get(k, 0.0))) for k in keys)
 
 
-def _base_numbers(baseline: PolicyRun, section: dict[str, Any], n: int) -> dict[str, float]:
+def _base_numbers(baseline: PolicyRun, section: TrainingConfig, n: int) -> dict[str, float]:
     measured = [r for r in baseline.steps if not r.warmup]
     return {
         "p50": _pct([r.step_time_us for r in measured], 0.5),
@@ -689,35 +505,37 @@ def _base_numbers(baseline: PolicyRun, section: dict[str, Any], n: int) -> dict[
 
 
 def _error_rows(
-    policy: Policy, section: dict[str, Any], n: int, backend: str, device: torch.device, err: str
-) -> dict[str, Any]:
-    return {
-        "policy": policy.name,
-        "family": policy.family,
-        "description": policy.description,
-        "comm_dtype": policy.comm_dtype,
-        "model": section["model"],
-        "world_size": n,
-        "backend": backend,
-        "device": str(device),
-        "steps": 0,
-        "warnings": "",
-        "notes": "",
-        "error": err,
-    }
+    policy: Policy, section: TrainingConfig, n: int, backend: str, device: torch.device, err: str
+) -> TrainingSummary:
+    return TrainingSummary(
+        policy=policy.name,
+        family=policy.family,
+        description=policy.description,
+        comm_dtype=policy.comm_dtype,
+        model=section.model,
+        world_size=n,
+        backend=backend,
+        device=str(device),
+        steps=0,
+        warnings="",
+        notes="",
+        error=err,
+    )
 
 
 # --- entry point -------------------------------------------------------------------------------------
 
 
 def run_training(
-    section: dict[str, Any],
+    section: TrainingConfig | Mapping[str, Any],
     *,
     device: torch.device,
-    on_policy_done: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None,
+    on_policy_done: Callable[[list[TrainingSummary], list[TrainingStep]], None] | None = None,
     skip: Collection[str] = (),
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Run every policy of a `[training]` section; complete rows on rank 0, empty lists elsewhere.
+) -> tuple[list[TrainingSummary], list[TrainingStep]]:
+    """Run every policy of a `[training]` section; complete records on rank 0, empty lists elsewhere.
+
+    `section` is a `TrainingConfig` (a plain table is validated into one).
 
     `skip` (the same on every rank) names policies already done, e.g. when resuming: they are not
     run, except the fp32 baseline, which still runs when another policy needs it but is not reported.
@@ -728,20 +546,20 @@ def run_training(
     """
     if not dist.is_initialized():
         raise RuntimeError("run_training needs torch.distributed initialised (call it on every rank)")
-    sec = validate_training_section(section)
-    names = [p for p in sec["policies"] if p != "fp32" and p not in skip]
-    if names or "fp32" not in skip:
-        names.insert(0, "fp32")  # the baseline always runs first: drift needs it
+    sec = TrainingConfig.coerce(section)
+    names = [p for p in sec.policies if p != BASELINE and p not in skip]
+    if names or BASELINE not in skip:
+        names.insert(0, BASELINE)  # the baseline always runs first: drift needs it
     rank, n = dist.get_rank(), dist.get_world_size()
     backend = str(dist.get_backend())
-    summary_rows: list[dict[str, Any]] = []
-    step_rows: list[dict[str, Any]] = []
+    summary_rows: list[TrainingSummary] = []
+    step_rows: list[TrainingStep] = []
     baseline: PolicyRun | None = None
-    if sec["measure_memory"] and device.type == "cpu":
+    if sec.measure_memory and device.type == "cpu":
         # Prime the process: the first training run allocates process-lifetime caches (oneDNN
         # primitives, gloo buffers, thread pools) that the heap measurement would charge to the
         # baseline. Two untimed fp32 steps, no rows.
-        run_policy(get_policy("fp32"), {**sec, "steps": 1, "warmup_steps": 1, "measure_memory": False}, device)
+        run_policy(get_policy(BASELINE), sec.replace(steps=1, warmup_steps=1, measure_memory=False), device)
     for name in names:
         policy = get_policy(name)
         try:
@@ -753,7 +571,7 @@ def run_training(
                 if on_policy_done is not None:
                     on_policy_done([row], [])
             continue
-        if baseline is None and name == "fp32":
+        if baseline is None and name == BASELINE:
             baseline = run
         if rank == 0 and name not in skip:
             summary, steps = build_rows(run, baseline, sec, n, backend, device)

@@ -1,0 +1,621 @@
+"""Training strategies: how a policy shards the model, communicates gradients and scales the loss.
+
+A policy (`policies.py`) composes three objects:
+- a `Sharding` (DDP, ZeRO-1, FSDP1, FSDP2): wraps the model and builds the optimizer;
+- a `GradComm` (torch's all-reduce hook, a cast hook, a chunked-codec hook): the DDP gradient hook;
+- a `LossScaling` (none, GradScaler, ShardedGradScaler): builds the scaler.
+
+Each object answers for itself: what it does to a model (`wrap`, `register`, `make`), the bus bytes
+it communicates per step and the model-state bytes it keeps per rank. Those are pure formulas of the
+parameter count Psi, dtypes and the world layout (plus, where it decides the exact figure, a
+description of DDP's buckets or FSDP's units), so the capacity planner can ask them about a model it
+never builds: `FSDP1().comm_bytes(psi=70e9, world_size=512, grad_comm=ALL_REDUCE)`.
+
+Bytes are nccl-tests bus bytes by "op:dtype" (see `comm.py`): all_reduce 2(n-1)/n of the buffer;
+all_gather (n-1)/n of the total output; reduce_scatter (n-1)/n of the total input; broadcast 1.
+
+Memory follows ZeRO (Rajbhandari et al. 2020, section 3): per parameter P bytes of parameters, G of
+gradients and K of optimizer state (`ModelState`; here fp32 training with AdamW: 4 + 4 + 8); each
+sharding says which of the three it partitions over the N ranks.
+
+A new kind is one new class here (HSDP: an `FSDP2` whose `_mesh` is 2-D and whose formulas split the
+gathers between the intra- and inter-node groups); nothing else asks a strategy for its name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from commbench.training.comm import bus_factor, dtype_name
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+    from commbench.training.hooks import HookFn
+
+FP32 = torch.float32
+
+SHORT: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+"""Report names of the compute/communication dtypes."""
+
+UNDERFLOW: dict[str, tuple[float, float]] = {
+    # Per-tensor scaling maps the amax to 448: relative to the amax, half e4m3's smallest subnormal.
+    "fp8_e4m3": (0.0, 2.0**-10 / 448.0),
+    # Half the smallest positive subnormal: at or below it a value rounds to zero when cast (ties to even).
+    "fp16": (2.0**-25, 0.0),
+    "bf16": (2.0**-134, 0.0),
+    "fp32": (0.0, 0.0),  # 2**-150: below every nonzero fp32, so only exact zeros count
+}
+"""Report dtype name -> (absolute, amax-relative) magnitude at or below which a gradient element underflows,
+from the lowest precision to the highest (the order `Policy.grad_low_dtype` picks the lowest by)."""
+
+DDP_FIRST_BUCKET_BYTES = 1024**2
+"""DDP's first bucket (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`): small, so communication starts early."""
+DDP_BUCKET_CAP_BYTES = 25 * 1024**2
+"""DDP's `bucket_cap_mb=25` default."""
+
+
+def _add(out: dict[str, float], key: str, v: float) -> None:
+    if v:
+        out[key] = out.get(key, 0.0) + v
+
+
+def merge_bytes(*parts: dict[str, float]) -> dict[str, float]:
+    """Sum "op:dtype" byte dicts key by key (zeros dropped)."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            _add(out, k, v)
+    return out
+
+
+def default_bucket_numels(psi: float, elem_bytes: int = 4) -> list[int]:
+    """DDP's buckets for `psi` gradient elements when the live model is unknown: a 1 MiB first bucket,
+    then 25 MiB ones (parameter boundaries ignored: DDP never splits a parameter, so real buckets differ
+    by at most a parameter each)."""
+    left = int(psi)
+    out: list[int] = []
+    cap = DDP_FIRST_BUCKET_BYTES // elem_bytes
+    while left > 0:
+        take = min(left, cap)
+        out.append(take)
+        left -= take
+        cap = DDP_BUCKET_CAP_BYTES // elem_bytes
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Bytes per parameter of the model state (ZeRO's 2 + 2 + K for mixed-precision Adam is (2, 2, 12))."""
+
+    param_bytes: float = 4
+    """Persistent parameters (fp32 master weights here)."""
+    grad_bytes: float = 4
+    """Gradients (fp32: DDP's buckets, FSDP's sharded grads)."""
+    optimizer_bytes: float = 8
+    """Optimizer state, K (AdamW: two fp32 moments)."""
+
+
+ADAM_FP32 = ModelState()
+"""What every policy here keeps: fp32 parameters and gradients, AdamW's two fp32 moments (16 bytes/param)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnitShape:
+    """One FSDP unit as a description (no tensors): its parameters' shapes and how it is wrapped."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    """Shapes of the parameters the unit owns (nested units' excluded)."""
+    root: bool = False
+    """The root unit: stays gathered from forward to backward (all-gathered once per step)."""
+    keep_fp32: bool = False
+    """Kept in fp32 under mixed precision (BatchNorm, as FSDP1's MixedPrecision does by default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FsdpUnit:
+    """One FSDP unit as the formulas see it: its shard size, dtypes and how often it is all-gathered."""
+
+    shard_numel: int
+    param_dtype: torch.dtype
+    reduce_dtype: torch.dtype
+    gathers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What the exact byte count needs beyond Psi, described without tensors (empty: from Psi alone)."""
+
+    bucket_numels: tuple[int, ...] = ()
+    """DDP's gradient buckets (elements); empty: `default_bucket_numels(psi)`."""
+    units: tuple[UnitShape, ...] = ()
+    """FSDP's units; empty: one resharded unit of Psi elements."""
+    buffer_bytes: dict[str, int] = field(default_factory=dict)
+    """Bytes of the model's buffers by nccl-tests dtype name (DDP re-broadcasts them every forward)."""
+
+
+NO_LAYOUT = Layout()
+
+
+# --- the model as the wrappers see it ---------------------------------------------------------------
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks (each its own FSDP unit)."""
+    return list(getattr(model, "blocks", []))
+
+
+def batchnorms(model: nn.Module) -> list[nn.Module]:
+    """The model's BatchNorm modules."""
+    import torch.nn as nn
+
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def unit_shapes(model: nn.Module, split_batchnorm: bool) -> tuple[UnitShape, ...]:
+    """The units FSDP wraps: BatchNorms (when kept in fp32 under mixed precision), blocks, then the root."""
+    taken: set[int] = set()
+    out: list[UnitShape] = []
+
+    def unit(ps: list[Any], **kw: bool) -> None:
+        taken.update(id(p) for p in ps)
+        out.append(UnitShape(tuple(tuple(p.shape) for p in ps), **kw))
+
+    for bn in batchnorms(model) if split_batchnorm else []:  # innermost first: they leave their block's unit
+        unit([p for p in bn.parameters() if id(p) not in taken], keep_fp32=True)
+    for block in blocks(model):
+        unit([p for p in block.parameters() if id(p) not in taken])
+    unit([p for p in model.parameters() if id(p) not in taken], root=True)
+    return tuple(out)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# --- gradient communication -------------------------------------------------------------------------
+
+
+class GradComm(ABC):
+    """How DDP communicates a gradient bucket (a comm hook)."""
+
+    wire: str
+    """Report name of the dtype the gradients travel in (fp32, bf16, fp16, fp8_e4m3)."""
+
+    @abstractmethod
+    def hook(self) -> HookFn:
+        """The DDP comm hook."""
+
+    def register(self, ddp: Any) -> None:
+        """Install the hook on a DistributedDataParallel model."""
+        ddp.register_comm_hook(None, self.hook())
+
+    @abstractmethod
+    def comm_bytes(self, *, psi: float, world_size: int, bucket_numels: Sequence[int]) -> dict[str, float]:
+        """Bus bytes per step by "op:dtype" for `psi` fp32 gradients in DDP buckets of `bucket_numels`."""
+
+    def notes(self) -> list[str]:
+        """Lines for the summary row's notes."""
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceHook(GradComm):
+    """torch's `allreduce_hook`: the builtin mean all-reduce in fp32, through `dist.all_reduce` so it is counted."""
+
+    wire: str = "fp32"
+
+    def hook(self) -> HookFn:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        return allreduce_hook
+
+    def comm_bytes(self, *, psi: float, world_size: int, bucket_numels: Sequence[int] = ()) -> dict[str, float]:
+        out: dict[str, float] = {}
+        _add(out, "all_reduce:float", bus_factor("all_reduce", world_size) * psi * 4)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CastHook(GradComm):
+    """Cast the bucket to `dtype`, all-reduce (mean), copy back into the fp32 bucket."""
+
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def wire(self) -> str:  # type: ignore[override]
+        return SHORT[self.dtype]
+
+    def hook(self) -> HookFn:
+        from commbench.training.hooks import cast_hook
+
+        return cast_hook(self.dtype)
+
+    def comm_bytes(self, *, psi: float, world_size: int, bucket_numels: Sequence[int] = ()) -> dict[str, float]:
+        from commbench.training.hooks import cast_hook_bytes
+
+        return cast_hook_bytes(psi, world_size, self.dtype)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class CodecHook(GradComm):
+    """The chunked low-precision reduction with codec `codec` (encode per chunk, all_to_all, fp32 sum, all_gather)."""
+
+    codec: str = "fp8_e4m3"
+
+    @property
+    def wire(self) -> str:  # type: ignore[override]
+        return self.codec
+
+    def hook(self) -> HookFn:
+        from commbench.training.hooks import codec_hook
+
+        return codec_hook(self.codec)
+
+    def comm_bytes(self, *, psi: float, world_size: int, bucket_numels: Sequence[int] = ()) -> dict[str, float]:
+        from commbench.training.hooks import codec_hook_bytes
+
+        return codec_hook_bytes(self.codec, list(bucket_numels) or default_bucket_numels(psi), world_size)
+
+    def notes(self) -> list[str]:
+        return [f"codec: {self.codec} (commbench.chunked)"]
+
+
+ALL_REDUCE = AllReduceHook()
+
+
+# --- loss scaling -----------------------------------------------------------------------------------
+
+
+class LossScaling(ABC):
+    """Whether and how the loss is scaled before backward."""
+
+    scales: bool = False
+    """True when the loss is scaled (fp16 underflow is guarded against)."""
+    reduces_found_inf: bool = True
+    """True when the skip decision agrees across ranks on sharded gradients."""
+
+    @abstractmethod
+    def make(self, device: torch.device) -> Any | None:
+        """The scaler object for a step loop, or None."""
+
+    def comm_bytes(self, *, world_size: int) -> dict[str, float]:
+        """Bus bytes per step the scaler itself communicates."""
+        return {}
+
+    def pitfall(self, sharding: Sharding) -> str | None:
+        """A warning when this scaler is wrong for `sharding`."""
+        if not self.scales or self.reduces_found_inf or not sharding.shards_grads:
+            return None
+        return (
+            f"plain {type(self).__name__} with {sharding.kind} sharded parameters: found-inf is not reduced "
+            "across ranks; use ShardedGradScaler"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NoLossScaling(LossScaling):
+    """No scaler."""
+
+    def make(self, device: torch.device) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class GradScaling(LossScaling):
+    """`torch.amp.GradScaler`: found-inf is local to each rank (right for replicated gradients only)."""
+
+    scales: bool = True
+    reduces_found_inf: bool = False
+
+    def make(self, device: torch.device) -> Any:
+        return torch.amp.GradScaler(device.type)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedGradScaling(LossScaling):
+    """`ShardedGradScaler`: all-reduces its one-element found-inf every step, so ranks skip together."""
+
+    scales: bool = True
+    reduces_found_inf: bool = True
+
+    def make(self, device: torch.device) -> Any:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=device.type)
+
+    def comm_bytes(self, *, world_size: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        _add(out, "all_reduce:float", bus_factor("all_reduce", world_size) * 4)
+        return out
+
+
+NO_SCALING = NoLossScaling()
+
+
+# --- sharding ---------------------------------------------------------------------------------------
+
+
+class Sharding(ABC):
+    """How the model and its optimizer are replicated or sharded over the ranks."""
+
+    kind: str
+    """Short label for messages (ddp, fsdp1, fsdp2)."""
+    shards_grads: bool
+    """Gradients are sharded (a plain GradScaler's found-inf is then per rank)."""
+    takes_hooks: bool
+    """DDP comm hooks apply (a GradComm other than the all-reduce is accepted)."""
+
+    @abstractmethod
+    def wrap(
+        self, model: nn.Module, *, device: torch.device, lr: float, world_size: int, grad_comm: GradComm
+    ) -> tuple[nn.Module, Any]:
+        """(wrapped model, optimizer) for `model` already on `device`."""
+
+    @abstractmethod
+    def comm_bytes(
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
+    ) -> dict[str, float]:
+        """Bus bytes per step by "op:dtype". An empty `layout` means "from Psi alone"."""
+
+    @abstractmethod
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+        """Model-state bytes per rank at the step's peak."""
+
+    def bucket_numels(self, wrapped: nn.Module) -> list[int]:
+        """DDP's bucket sizes of a wrapped model (elements), or [] where there are none."""
+        return []
+
+    def describe(self, model: nn.Module) -> tuple[UnitShape, ...]:
+        """The units this sharding wraps `model` into (before wrapping), or () where it has none."""
+        return ()
+
+    def units(self, shapes: Sequence[UnitShape], world_size: int) -> list[FsdpUnit]:
+        """The units as the formulas see them."""
+        return []
+
+    def comm_dtype(self, grad_comm: GradComm) -> str:
+        """Report name of the dtype the gradients are communicated in."""
+        return grad_comm.wire
+
+    def grad_dtypes(self) -> tuple[torch.dtype, ...]:
+        """Dtypes the gradients pass through in this wrapper's own arithmetic (beyond autocast and comm)."""
+        return ()
+
+    @property
+    def replicated_grads(self) -> bool:
+        """Every rank holds the same full gradients after communication."""
+        return not self.shards_grads
+
+
+@dataclass(frozen=True, slots=True)
+class DDP(Sharding):
+    """DistributedDataParallel with `gradient_as_bucket_view=True` and a Python comm hook; AdamW on every rank."""
+
+    kind: str = "ddp"
+    shards_grads: bool = False
+    takes_hooks: bool = True
+
+    def wrap(
+        self, model: nn.Module, *, device: torch.device, lr: float, world_size: int, grad_comm: GradComm
+    ) -> tuple[nn.Module, Any]:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[device.index if device.index is not None else torch.cuda.current_device()]
+            if device.type == "cuda"
+            else None,
+            gradient_as_bucket_view=True,  # grads are views of the buckets: no second 4*Psi copy
+        )
+        grad_comm.register(ddp)
+        return ddp, self._optimizer(list(ddp.parameters()), lr)
+
+    def _optimizer(self, params: list[Any], lr: float) -> Any:
+        return torch.optim.AdamW(params, lr=lr)
+
+    def bucket_numels(self, wrapped: nn.Module) -> list[int]:
+        data = wrapped._get_ddp_logging_data()  # type: ignore[operator]
+        sizes = str(data.get("bucket_sizes", "")).replace(" ", "")
+        return [int(s) // 4 for s in sizes.split(",") if s]  # bytes of fp32 buckets
+
+    def comm_bytes(
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
+    ) -> dict[str, float]:
+        if world_size <= 1:
+            return {}
+        out = grad_comm.comm_bytes(psi=psi, world_size=world_size, bucket_numels=layout.bucket_numels)
+        for key, nbytes in layout.buffer_bytes.items():  # DDP re-broadcasts buffers from rank 0 every forward
+            _add(out, f"broadcast:{key}", nbytes * bus_factor("broadcast", world_size))
+        return out
+
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+        return state.param_bytes * psi + state.grad_bytes * psi + state.optimizer_bytes * psi
+
+
+@dataclass(frozen=True, slots=True)
+class ZeRO1(DDP):
+    """ZeRO-1 in torch: ZeroRedundancyOptimizer (optimizer state partitioned) over DDP."""
+
+    def _optimizer(self, params: list[Any], lr: float) -> Any:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
+
+    def comm_bytes(
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
+    ) -> dict[str, float]:
+        out = DDP.comm_bytes(self, psi=psi, world_size=world_size, grad_comm=grad_comm, layout=layout)
+        if world_size > 1:  # each owner broadcasts its updated fp32 parameters
+            _add(out, "broadcast:float", psi * 4 * bus_factor("broadcast", world_size))
+        return out
+
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+        return state.param_bytes * psi + state.grad_bytes * psi + state.optimizer_bytes * psi / world_size
+
+
+@dataclass(frozen=True, slots=True)
+class _Fsdp(Sharding):
+    """What FSDP1 and FSDP2 share: mixed-precision dtypes, units, the all-gather/reduce-scatter formula."""
+
+    param_dtype: torch.dtype = FP32
+    """Dtype the parameters are all-gathered and computed in."""
+    reduce_dtype: torch.dtype = FP32
+    """Dtype of the gradient reduce-scatter."""
+    reshard_after_forward: bool = True
+    """Free the gathered parameters after forward (FULL_SHARD / ZeRO-3) or keep them (ZeRO-2)."""
+    shards_grads: bool = True
+    takes_hooks: bool = False
+
+    @property
+    def mixed(self) -> bool:
+        """Mixed precision is on (BatchNorm then becomes its own fp32 unit)."""
+        return self.param_dtype != FP32 or self.reduce_dtype != FP32
+
+    def comm_dtype(self, grad_comm: GradComm) -> str:
+        return SHORT[self.reduce_dtype]
+
+    def grad_dtypes(self) -> tuple[torch.dtype, ...]:
+        return (self.param_dtype,)
+
+    def describe(self, model: nn.Module) -> tuple[UnitShape, ...]:
+        return unit_shapes(model, self.mixed)
+
+    @abstractmethod
+    def shard_numel(self, shapes: Sequence[tuple[int, ...]], world_size: int) -> int:
+        """Elements of one rank's shard of a unit with parameters of `shapes` (padding included)."""
+
+    def units(self, shapes: Sequence[UnitShape], world_size: int) -> list[FsdpUnit]:
+        """The units as the formulas see them (a unit without parameters is not wrapped)."""
+        out = []
+        for u in shapes:
+            size = self.shard_numel(u.shapes, world_size)
+            if size:
+                pd, rd = (FP32, FP32) if u.keep_fp32 else (self.param_dtype, self.reduce_dtype)
+                out.append(FsdpUnit(size, pd, rd, 2 if self.reshard_after_forward and not u.root else 1))
+        return out
+
+    def comm_bytes(
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
+    ) -> dict[str, float]:
+        """Per unit: all_gather of the param-dtype shards (again for backward when resharded after
+        forward; the root stays gathered) and a reduce-scatter in the reduce dtype. Without units, one
+        resharded unit of Psi elements (the root's share of a large model is negligible)."""
+        n = world_size
+        if n <= 1:
+            return {}
+        ag, rs = bus_factor("all_gather", n), bus_factor("reduce_scatter", n)
+        out: dict[str, float] = {}
+        for u in self.units(layout.units or (UnitShape(((int(psi),),)),), n):
+            _add(
+                out,
+                f"all_gather:{dtype_name(u.param_dtype)}",
+                u.gathers * ag * n * u.shard_numel * u.param_dtype.itemsize,
+            )
+            _add(out, f"reduce_scatter:{dtype_name(u.reduce_dtype)}", rs * n * u.shard_numel * u.reduce_dtype.itemsize)
+        return out
+
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+        """Gradients are set to None after each step, so the peak is the larger of two phases: the
+        optimizer step (sharded P + G + K) and the end of forward (sharded P + K, plus the unsharded
+        param-dtype copy ZeRO-2 keeps from forward to backward; FULL_SHARD's one or two gathered units
+        in flight excluded)."""
+        n = world_size
+        optimizer_step = (state.param_bytes + state.grad_bytes + state.optimizer_bytes) * psi / n
+        end_of_forward = (state.param_bytes + state.optimizer_bytes) * psi / n
+        if not self.reshard_after_forward:
+            end_of_forward += self.param_dtype.itemsize * psi
+        return max(optimizer_step, end_of_forward)
+
+
+@dataclass(frozen=True, slots=True)
+class FSDP1(_Fsdp):
+    """FullyShardedDataParallel: FULL_SHARD (ZeRO-3) or SHARD_GRAD_OP (ZeRO-2), `MixedPrecision`."""
+
+    kind: str = "fsdp1"
+    buffer_dtype: torch.dtype | None = None
+    """Dtype of buffers (None keeps fp32)."""
+
+    def shard_numel(self, shapes: Sequence[tuple[int, ...]], world_size: int) -> int:
+        # one flat parameter per unit, padded to a multiple of n
+        return -(-sum(_numel(s) for s in shapes) // world_size)
+
+    def wrap(
+        self, model: nn.Module, *, device: torch.device, lr: float, world_size: int, grad_comm: GradComm
+    ) -> tuple[nn.Module, Any]:
+        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        block_types = {type(b) for b in blocks(model)}
+        mp = None
+        if self.mixed or self.buffer_dtype:
+            mp = MixedPrecision(
+                param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype, buffer_dtype=self.buffer_dtype
+            )
+        fsdp = FullyShardedDataParallel(
+            model,
+            device_id=device,
+            auto_wrap_policy=ModuleWrapPolicy(block_types) if block_types else None,
+            sharding_strategy=ShardingStrategy.FULL_SHARD
+            if self.reshard_after_forward
+            else ShardingStrategy.SHARD_GRAD_OP,
+            mixed_precision=mp,
+        )
+        return fsdp, torch.optim.AdamW(fsdp.parameters(), lr=lr)
+
+
+@dataclass(frozen=True, slots=True)
+class FSDP2(_Fsdp):
+    """`fully_shard` per block then the root, `MixedPrecisionPolicy`, on a 1-D mesh of all ranks."""
+
+    kind: str = "fsdp2"
+
+    def shard_numel(self, shapes: Sequence[tuple[int, ...]], world_size: int) -> int:
+        # every parameter sharded on dim 0, dim 0 padded to a multiple of n
+        return sum(-(-s[0] // world_size) * (_numel(s) // max(s[0], 1)) for s in shapes if s)
+
+    def _mesh(self, device: torch.device, world_size: int) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device.type, (world_size,))
+
+    def wrap(
+        self, model: nn.Module, *, device: torch.device, lr: float, world_size: int, grad_comm: GradComm
+    ) -> tuple[nn.Module, Any]:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = self._mesh(device, world_size)
+        mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
+        # None = FSDP2's default: reshard blocks after forward, keep the root gathered (the formula assumes it).
+        reshard = None if self.reshard_after_forward else False
+        if self.mixed:
+            # BatchNorm kept in fp32 as its own unit, as FSDP1's MixedPrecision does by default
+            # (`_module_classes_to_ignore`); its inputs are cast to fp32 on the way in.
+            keep = MixedPrecisionPolicy(param_dtype=FP32, reduce_dtype=FP32)
+            for bn in batchnorms(model):
+                fully_shard(bn, mesh=mesh, mp_policy=keep, reshard_after_forward=reshard)
+        for block in blocks(model):
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        return model, torch.optim.AdamW(model.parameters(), lr=lr)
+
+
+def autocast(dtype: torch.dtype | None, device: torch.device) -> Any:
+    """The autocast context for a compute dtype (None: no autocast)."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+__all__ = [
+    "ADAM_FP32", "ALL_REDUCE", "DDP", "FSDP1", "FSDP2", "NO_SCALING", "AllReduceHook", "CastHook", "CodecHook",
+    "FsdpUnit", "GradComm", "GradScaling", "Layout", "LossScaling", "ModelState", "NO_LAYOUT", "NoLossScaling", "ShardedGradScaling",
+    "Sharding", "UnitShape", "ZeRO1", "default_bucket_numels", "merge_bytes", "unit_shapes",
+]  # fmt: skip
