@@ -46,6 +46,9 @@ NODE_IFNAME = "eth0"
 MASTER_PORT = 29500
 """Node 0's rendezvous port: its namespace is fresh, so the port is always free there."""
 MAX_NODES = 250
+ETC_NETNS = Path("/etc/netns")
+"""``ip netns exec NS`` bind-mounts ``/etc/netns/NS/*`` over ``/etc``: each node gets a ``hosts`` file naming
+every node, so host names resolve (and addresses reverse-resolve) inside the cluster as on a real one."""
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)\s*$", re.IGNORECASE)
 _RATE_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -118,8 +121,9 @@ def _kill_namespace_processes(ns: str, attempts: int = 20) -> None:
 
 
 def _delete_namespace(ns: str) -> str | None:
-    """Kill what runs in ``ns`` and delete it (its links go with it); the error text, or ``None``."""
+    """Kill what runs in ``ns`` and delete it (its links go with it) and its ``/etc/netns`` files; error text or ``None``."""
     _kill_namespace_processes(ns)
+    shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
     p = _sh(["ip", "netns", "delete", ns], check=False)
     if p.returncode != 0 and ns in list_namespaces():
         return f"{ns}: {p.stderr.strip()}"
@@ -244,6 +248,7 @@ class EmulatedCluster:
             self._ip(self.hub, "link", "set", "lo", "up")
             for n in self.nodes:
                 self._add_ns(n.netns)
+                self._write_hosts(n)
                 self._ip(self.hub, "link", "add", n.bridge_port, "type", "veth", "peer", "name", n.ifname, "netns", n.netns)
                 self._ip(self.hub, "link", "set", n.bridge_port, "master", self.bridge)
                 self._ip(self.hub, "link", "set", n.bridge_port, "up")
@@ -261,6 +266,15 @@ class EmulatedCluster:
     def _add_ns(self, ns: str) -> None:
         _sh(["ip", "netns", "add", ns])
         self._created.append(ns)
+
+    def _write_hosts(self, n: Node) -> None:
+        d = ETC_NETNS / n.netns
+        d.mkdir(parents=True, exist_ok=True)
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        lines += [f"{m.address}\t{m.hostname}" for m in self.nodes]
+        # A dual-stack listener (the c10d store) sees peers as v4-mapped IPv6 addresses.
+        lines += [f"::ffff:{m.address}\t{m.hostname}" for m in self.nodes]
+        (d / "hosts").write_text("\n".join(lines) + "\n")
 
     @staticmethod
     def _ip(ns: str, *args: str) -> None:
