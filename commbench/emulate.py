@@ -188,7 +188,9 @@ class EmulatedCluster:
     ...     c.run(1, ["ping", "-c1", c.nodes[0].address])
     """
 
-    def __init__(self, nodes: int = 2, rate: str | None = None, prefix: str = DEFAULT_PREFIX, burst: str | None = None) -> None:
+    def __init__(
+        self, nodes: int = 2, rate: str | None = None, prefix: str = DEFAULT_PREFIX, burst: str | None = None
+    ) -> None:
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be in 1..{MAX_NODES}, got {nodes}")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,15}", prefix):
@@ -249,7 +251,9 @@ class EmulatedCluster:
             for n in self.nodes:
                 self._add_ns(n.netns)
                 self._write_hosts(n)
-                self._ip(self.hub, "link", "add", n.bridge_port, "type", "veth", "peer", "name", n.ifname, "netns", n.netns)
+                self._ip(
+                    self.hub, "link", "add", n.bridge_port, "type", "veth", "peer", "name", n.ifname, "netns", n.netns
+                )
                 self._ip(self.hub, "link", "set", n.bridge_port, "master", self.bridge)
                 self._ip(self.hub, "link", "set", n.bridge_port, "up")
                 self._ip(n.netns, "addr", "add", f"{n.address}/16", "dev", n.ifname)
@@ -345,7 +349,9 @@ class EmulatedCluster:
         out.update(env or {})
         return out
 
-    def popen(self, node: int | Node, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+    def popen(
+        self, node: int | Node, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.Popen[Any]:
         """Start ``argv`` inside ``node`` (its own session; killed at teardown). kwargs go to Popen."""
         if self._closed or not self._created:
             raise EmulationError(f"cluster {self.name} is not running")
@@ -360,7 +366,12 @@ class EmulatedCluster:
         return p
 
     def run(
-        self, node: int | Node, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float | None = 60, **kwargs: Any
+        self,
+        node: int | Node,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 60,
+        **kwargs: Any,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside ``node`` to completion, output captured as text; killed (and raised) after ``timeout``."""
         p = self.popen(node, argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
@@ -376,7 +387,10 @@ class EmulatedCluster:
         """What exists: namespaces, addresses, host names and shaping, one node a line."""
         shaping = f"tbf {self.rate} both directions (burst {self.burst})" if self.rate else "unshaped"
         lines = [f"cluster {self.name}: bridge {self.bridge} in netns {self.hub}, links {shaping}"]
-        lines += [f"  node{n.index}: netns {n.netns}  host {n.hostname}  {n.ifname} {n.address}/16  <-> {n.bridge_port}" for n in self.nodes]
+        lines += [
+            f"  node{n.index}: netns {n.netns}  host {n.hostname}  {n.ifname} {n.address}/16  <-> {n.bridge_port}"
+            for n in self.nodes
+        ]
         return "\n".join(lines)
 
 
@@ -434,7 +448,9 @@ class JobResult:
         return 0
 
 
-def torchrun_argv(cluster: EmulatedCluster, node: int, nproc_per_node: int, argv: Sequence[str], port: int = MASTER_PORT) -> list[str]:
+def torchrun_argv(
+    cluster: EmulatedCluster, node: int, nproc_per_node: int, argv: Sequence[str], port: int = MASTER_PORT
+) -> list[str]:
     """The ``torch.distributed.run`` command for ``node``: static rendezvous on node 0, ``-m commbench argv``."""
     return [
         sys.executable, "-m", "torch.distributed.run",
@@ -468,6 +484,11 @@ def launch_job(
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
+    src = Path(__file__).resolve().parent.parent
+    if (src / "pyproject.toml").is_file():  # a source checkout: the nodes run the commbench that launched them
+        job_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(src), job_env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")) if p
+        )
     start = time.monotonic()
     procs: list[tuple[subprocess.Popen[Any], Any, Any]] = []
     with tempfile.TemporaryDirectory(prefix="cbemu-job-") as tmp:
@@ -490,7 +511,7 @@ def launch_job(
             for p, _, _ in procs:
                 p.wait()
         results = []
-        for n, (p, out, err) in zip(cluster.nodes, procs):
+        for n, (p, out, err) in zip(cluster.nodes, procs, strict=True):
             out.seek(0)
             err.seek(0)
             code = p.returncode if not (timed_out and p.returncode is not None and p.returncode < 0) else None
@@ -516,10 +537,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nodes", type=int, default=2, help="emulated hosts (default 2)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per host (default 1)")
-    p.add_argument("--rate", default=None, help="shape every host's link to this tc rate, e.g. 200mbit, 1gbit (default: unshaped)")
+    p.add_argument(
+        "--rate", default=None, help="shape every host's link to this tc rate, e.g. 200mbit, 1gbit (default: unshaped)"
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds before the whole job is killed (default 600)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"namespace name prefix (default {DEFAULT_PREFIX})")
-    p.add_argument("--cleanup-stale", action="store_true", help="delete namespaces left by dead owners with this prefix, then exit")
+    p.add_argument(
+        "--cleanup-stale", action="store_true", help="delete namespaces left by dead owners with this prefix, then exit"
+    )
     p.add_argument("commbench_argv", nargs=argparse.REMAINDER, help="-- then commbench's arguments (default: run)")
     return p
 
@@ -553,9 +578,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.write(job.nodes[0].stderr)
     for r in job.nodes[1:]:
         if r.returncode:
-            sys.stderr.write(f"# node{r.node.index} ({r.node.hostname}) exited {r.returncode}; its stderr:\n{r.stderr[-4000:]}")
+            sys.stderr.write(
+                f"# node{r.node.index} ({r.node.hostname}) exited {r.returncode}; its stderr:\n{r.stderr[-4000:]}"
+            )
     if job.timed_out:
-        print(f"commbench.emulate: error: the job ran past --timeout {args.timeout:g} s and was killed", file=sys.stderr)
+        print(
+            f"commbench.emulate: error: the job ran past --timeout {args.timeout:g} s and was killed", file=sys.stderr
+        )
     return job.returncode
 
 
