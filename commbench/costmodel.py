@@ -58,7 +58,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -404,7 +404,9 @@ class CostModel:
             fp32 = float(fp32_bytes)  # type: ignore[arg-type]
             wire = fp32 * f.wire_per_fp32
         if not (math.isfinite(wire) and wire > 0):
-            raise ValueError(f"the size must be a positive number of bytes, got {nbytes if nbytes is not None else fp32_bytes!r}")
+            raise ValueError(
+                f"the size must be a positive number of bytes, got {nbytes if nbytes is not None else fp32_bytes!r}"
+            )
         n = int(world_size)
         alg = ALGORITHMS[f.algorithm]
         x0, x1 = alg.latency_steps(collective, n), wire * alg.bandwidth_factor(collective, n)
@@ -477,7 +479,8 @@ class CostModel:
                     "weighting": f.weighting,
                     "codec_us_per_mib": (
                         ((f.encode.params[1] if f.encode else 0.0) + (f.decode.params[1] if f.decode else 0.0))
-                        * 2**20 * 1e6
+                        * 2**20
+                        * 1e6
                     ),
                 }
             )
@@ -530,7 +533,7 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: Any, where: str = "cost model") -> CostModel:
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise ValueError(f"{where} is not a commbench cost model (no \"schema\": \"{SCHEMA}\")")
+            raise ValueError(f'{where} is not a commbench cost model (no "schema": "{SCHEMA}")')
         v = d.get("schema_version")
         if not isinstance(v, int) or v > SCHEMA_VERSION or v < 1:
             raise ValueError(
@@ -584,7 +587,7 @@ def _human(b: float) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- fitting
-Source = pd.DataFrame | str | os.PathLike[str]
+Source: TypeAlias = "pd.DataFrame | str | os.PathLike[str]"
 REQUIRED = ("collective", "precision", "world_size", "size_bytes", "fp32_bytes", "time_us")
 
 
@@ -688,7 +691,8 @@ def fit(
         if len(g) < min_points or g["size_bytes"].nunique() < 2:
             skipped[name] = (
                 f"{len(g)} usable point(s), {g['size_bytes'].nunique()} distinct size(s): need >= {min_points} "
-                "points over >= 2 sizes" + (f" ({dropped} dropped: no positive time/size or group < 2)" if dropped else "")
+                "points over >= 2 sizes"
+                + (f" ({dropped} dropped: no positive time/size or group < 2)" if dropped else "")
             )
             continue
         backends = sorted({str(b) for b in g.get("backend", pd.Series(["?"])).dropna()})
@@ -720,12 +724,13 @@ def fit(
             if not np.any(y > 0):
                 codec[term] = None
                 continue
-            xc = np.column_stack([np.ones(len(g)), g["fp32_bytes"].to_numpy(float) * [factor(key[0], int(k)) for k in n]])
-            ys = np.maximum(y, 1e-3)  # a zero-time point gets the floor's weight, not an infinite one
-            codec[term] = nnls2(xc, y * 1e-6, ys * 1e-6, sigma_is_absolute=False)
-            residuals.append(
-                _residual_frame(g, key, term, y, (xc @ np.array(codec[term].params)) * 1e6, ys, g["size_bytes"])
+            xc = np.column_stack(
+                [np.ones(len(g)), g["fp32_bytes"].to_numpy(float) * [factor(key[0], int(k)) for k in n]]
             )
+            ys = np.maximum(y, 1e-3)  # a zero-time point gets the floor's weight, not an infinite one
+            lf = nnls2(xc, y * 1e-6, ys * 1e-6, sigma_is_absolute=False)
+            codec[term] = lf
+            residuals.append(_residual_frame(g, key, term, y, (xc @ np.array(lf.params)) * 1e6, ys, g["size_bytes"]))
 
         ratio_wf = (g["size_bytes"] / g["fp32_bytes"]).replace([np.inf, -np.inf], np.nan).dropna()
         fits[key] = Fit(
