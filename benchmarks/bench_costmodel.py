@@ -40,6 +40,9 @@ def run(n: int, out: Path, args: argparse.Namespace) -> float:
         "-b", args.minbytes, "-e", args.maxbytes, "-f", str(args.stepfactor), "--nproc", str(n),
         "--no-training", "--no-report", "--quiet", "--out", str(out),
     ]  # fmt: skip
+    for flag in ("repeats", "min_time"):
+        if getattr(args, flag) is not None:
+            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     print("# " + " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -54,6 +57,8 @@ def main() -> int:
     ap.add_argument("-b", "--minbytes", default="64K")
     ap.add_argument("-e", "--maxbytes", default="8M")
     ap.add_argument("-f", "--stepfactor", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=None, help="passed to commbench run (default: its own)")
+    ap.add_argument("--min-time", type=float, default=None, help="passed to commbench run (default: its own)")
     ap.add_argument("--fit-worlds", default="2,4")
     ap.add_argument("--check-world", type=int, default=3)
     ap.add_argument("--min-check", type=int, default=1 << 20, help="smallest wire size checked (bytes)")
@@ -114,7 +119,7 @@ def main() -> int:
             f"# {int(df['within_20%'].sum())}/{len(df)} within 20 %, {int(df['in_interval'].sum())}/{len(df)} inside the"
             f" 95 % prediction interval; geometric-mean ratio {g:.3f}, range {df['ratio'].min():.3f}..{df['ratio'].max():.3f}"
         )
-    print(f"# runs: {root}")
+    print(f"# runs: {root}  (load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())})")
     return 0
 
 

@@ -45,8 +45,9 @@ parameters every active set is tried). ``sigma`` comes, per fit and in this orde
 A floor ``sigma >= rel_floor * time`` (default 1 %) stops one very tight point from dominating a model that is only
 approximately right. The parameter covariance is ``s * (X^T W X)^-1`` with ``s`` the reduced chi-square (at least
 1 when sigma came from intervals, which then only widen). A prediction's 95 % interval combines that covariance
-with the residual scatter of the fit (relative rms of the residuals), log-normally: ``t * exp(+-1.96 sd / t)``.
-Goodness of fit: R^2 of log time, relative rms, and the worst relative residual with where it was.
+with the residual scatter of the fit (rms of the log residuals), log-normally: ``t * exp(+-1.96 sd_log)``: an
+interval for a new measurement, not just for the mean. Goodness of fit: R^2 of log time, rms of the log residuals,
+and the worst relative residual with where it was.
 """
 
 from __future__ import annotations
@@ -157,19 +158,23 @@ class LinearFit:
     free: tuple[bool, bool]
     """False where the non-negativity bound is active (the parameter is 0 and has no variance)."""
     chi2_red: float
-    rel_scatter: float
-    """Root mean square of the relative residuals (y/yhat - 1), over the residual degrees of freedom."""
+    log_scatter: float
+    """Root mean square of the log residuals ln(y/yhat) over the residual degrees of freedom (= the relative rms
+    for small residuals; in log space because contention on a shared machine scatters times multiplicatively)."""
     n_points: int
 
     def value(self, x0: float, x1: float) -> float:
         return self.params[0] * x0 + self.params[1] * x1
 
-    def sd(self, x0: float, x1: float) -> float:
-        """Standard deviation of a new measurement at (x0, x1): parameter uncertainty plus residual scatter."""
+    def log_sd(self, x0: float, x1: float) -> float:
+        """Standard deviation of ln(a new measurement) at (x0, x1): parameter uncertainty (delta method) plus the
+        residual scatter of the fit."""
         x = np.array([x0, x1])
         var = float(x @ np.array(self.cov) @ x)
         t = self.value(x0, x1)
-        return math.sqrt(max(var, 0.0) + (self.rel_scatter * t) ** 2)
+        if not t > 0:
+            return math.nan
+        return math.sqrt(max(var, 0.0) / t**2 + self.log_scatter**2)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -177,7 +182,7 @@ class LinearFit:
             "cov": [list(r) for r in self.cov],
             "free": list(self.free),
             "chi2_red": self.chi2_red,
-            "rel_scatter": self.rel_scatter,
+            "log_scatter": self.log_scatter,
             "n_points": self.n_points,
         }
 
@@ -189,7 +194,7 @@ class LinearFit:
             cov=((float(c[0][0]), float(c[0][1])), (float(c[1][0]), float(c[1][1]))),
             free=(bool(d["free"][0]), bool(d["free"][1])),
             chi2_red=float(d["chi2_red"]),
-            rel_scatter=float(d["rel_scatter"]),
+            log_scatter=float(d["log_scatter"]),
             n_points=int(d["n_points"]),
         )
 
@@ -223,8 +228,9 @@ def nnls2(x: np.ndarray, y: np.ndarray, sigma: np.ndarray, *, sigma_is_absolute:
     dof = m - k
     chi2_red = sse / dof if dof > 0 else math.nan
     yhat = xs @ ps
-    rel = y / np.where(yhat > 0, yhat, np.nan) - 1.0
-    rel_scatter = math.sqrt(float(np.nansum(rel**2)) / dof) if dof > 0 else math.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lr = np.log(y / np.where(yhat > 0, yhat, np.nan))
+    log_scatter = math.sqrt(float(np.nansum(lr**2)) / dof) if dof > 0 else math.nan
     cols = [i for i in (0, 1) if free[i]]
     cov = np.zeros((2, 2))
     if dof > 0:
@@ -243,7 +249,7 @@ def nnls2(x: np.ndarray, y: np.ndarray, sigma: np.ndarray, *, sigma_is_absolute:
         cov=((float(cov[0, 0]), float(cov[0, 1])), (float(cov[1, 0]), float(cov[1, 1]))),
         free=free,
         chi2_red=chi2_red,
-        rel_scatter=rel_scatter,
+        log_scatter=log_scatter,
         n_points=m,
     )
 
@@ -411,8 +417,8 @@ class CostModel:
         alg = ALGORITHMS[f.algorithm]
         x0, x1 = alg.latency_steps(collective, n), wire * alg.bandwidth_factor(collective, n)
         t = f.comm.value(x0, x1)
-        sd = f.comm.sd(x0, x1)
-        low, high = _lognormal_interval(t, sd)
+        lsd = f.comm.log_sd(x0, x1)
+        low, high = _lognormal_interval(t, lsd)
 
         reasons, extrap = [], False
         lo_b, hi_b = f.min_bytes, f.max_bytes
@@ -425,7 +431,7 @@ class CostModel:
             reasons.append(f"world size {n} outside the fitted {_ranks(ws)} ({alg.name} formula)")
         elif n not in ws:
             reasons.append(f"world size {n} interpolated between the fitted {_ranks(ws)} by the {alg.name} formula")
-        if not math.isfinite(sd):
+        if not math.isfinite(lsd):
             reasons.append("no residual degrees of freedom: interval unknown")
 
         enc = dec = 0.0
@@ -435,13 +441,14 @@ class CostModel:
                 continue
             x = fp32 * factor(collective, n)
             v = lf.value(1.0, x)
-            var_codec += lf.sd(1.0, x) ** 2
+            var_codec += (v * lf.log_sd(1.0, x)) ** 2
             if attr == "enc":
                 enc = v
             else:
                 dec = v
         total = enc + t + dec
-        tl, th = _lognormal_interval(total, math.sqrt(sd**2 + var_codec))
+        # Terms combined as independent, in absolute variance, then back to a log-normal width.
+        tl, th = _lognormal_interval(total, math.sqrt((t * lsd) ** 2 + var_codec) / total if total > 0 else math.nan)
         return Prediction(
             time_s=t,
             low_s=low,
@@ -474,7 +481,7 @@ class CostModel:
                     "alpha_us": f.alpha_s * 1e6,
                     "busbw_gbps": f.busbw_gbps,
                     "r2_log": f.r2_log,
-                    "rel_rms": f.comm.rel_scatter,
+                    "log_rms": f.comm.log_scatter,
                     "worst": f"{f.worst_rel_residual:+.0%} at {f.worst_where}",
                     "weighting": f.weighting,
                     "codec_us_per_mib": (
@@ -499,7 +506,7 @@ class CostModel:
                         "alpha_us": "{:.1f}".format,
                         "busbw_gbps": "{:.3f}".format,
                         "r2_log": "{:.3f}".format,
-                        "rel_rms": "{:.1%}".format,
+                        "log_rms": "{:.2f}".format,
                         "codec_us_per_mib": "{:.1f}".format,
                     },
                 )
@@ -568,10 +575,10 @@ class CostModel:
         return cls.from_dict(d, str(p))
 
 
-def _lognormal_interval(t: float, sd: float) -> tuple[float, float]:
-    if not (t > 0 and math.isfinite(sd)):
+def _lognormal_interval(t: float, log_sd: float) -> tuple[float, float]:
+    if not (t > 0 and math.isfinite(log_sd)):
         return (math.nan, math.nan)
-    k = math.exp(Z95 * sd / t)
+    k = math.exp(Z95 * log_sd)
     return (t / k, t * k)
 
 
