@@ -1,0 +1,133 @@
+"""Cost-model check (issue 12, "Checked against measurements"): fit on 2- and 4-rank runs, predict 3 ranks, measure 3.
+
+    python benchmarks/bench_costmodel.py                        # runs n=2, 4, 3 under a temp dir, prints ratios
+    python benchmarks/bench_costmodel.py --out-root DIR         # keep the run directories (reused if present)
+
+Each run is the current CLI: ``python -m commbench run --collectives all_reduce,all_gather,reduce_scatter
+--precisions fp32,bf16 -b 64K -e 8M -f 2 --nproc N --no-training --no-report --quiet --out DIR``.
+Prints, for every 3-rank point of at least ``--min-check`` bytes (default 1 MiB, wire bytes), the prediction, its
+95 % interval, the measurement and predicted/measured; target: within 20 % (0.83 <= ratio <= 1.2). On a machine with
+fewer cores than ranks the 4-rank run oversubscribes the CPUs, so its times carry contention the 3-rank run has less
+of: read the ratios with that in mind.
+
+Measured 2026-11-30, host "vm" (2 cpus, load average 7-9 from other jobs), torch 2.13.0+cpu, gloo, 1 node,
+``--repeats 11``: 3/17 points within 20 %, 17/17 inside the 95 % prediction interval, geometric-mean
+predicted/measured 0.77 (range 0.54..1.38); with the default repeats 4/17, 0.77 (0.32..1.61). The fits' own
+log-rms residual is 0.4-1.1 (R^2 of log time 0.29-0.86): the timings are dominated by contention, so the 20 % target
+is not met on this machine; rerun on an idle machine with >= 4 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from commbench import costmodel, results
+
+COLLECTIVES = "all_reduce,all_gather,reduce_scatter"
+PRECISIONS = "fp32,bf16"
+
+
+def run(n: int, out: Path, args: argparse.Namespace) -> float:
+    if (out / "results.csv").is_file():
+        print(f"# reusing {out}", flush=True)
+        return 0.0
+    cmd = [
+        sys.executable, "-m", "commbench", "run", "--collectives", args.collectives, "--precisions", args.precisions,
+        "-b", args.minbytes, "-e", args.maxbytes, "-f", str(args.stepfactor), "--nproc", str(n),
+        "--no-training", "--no-report", "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    for flag in ("repeats", "min_time"):
+        if getattr(args, flag) is not None:
+            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    print("# " + " ".join(cmd[1:]), flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-root", type=Path, default=None, help="where the run directories go (default: temp dir)")
+    ap.add_argument("--collectives", default=COLLECTIVES)
+    ap.add_argument("--precisions", default=PRECISIONS)
+    ap.add_argument("-b", "--minbytes", default="64K")
+    ap.add_argument("-e", "--maxbytes", default="8M")
+    ap.add_argument("-f", "--stepfactor", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=None, help="passed to commbench run (default: its own)")
+    ap.add_argument("--min-time", type=float, default=None, help="passed to commbench run (default: its own)")
+    ap.add_argument("--fit-worlds", default="2,4")
+    ap.add_argument("--check-world", type=int, default=3)
+    ap.add_argument("--min-check", type=int, default=1 << 20, help="smallest wire size checked (bytes)")
+    args = ap.parse_args()
+
+    root = args.out_root or Path(tempfile.mkdtemp(prefix="bench_costmodel."))
+    root.mkdir(parents=True, exist_ok=True)
+    fit_worlds = [int(x) for x in args.fit_worlds.split(",")]
+    dirs = {n: root / f"n{n}" for n in [*fit_worlds, args.check_world]}
+    walls = {n: run(n, d, args) for n, d in dirs.items()}
+
+    meta = results.load_metadata(dirs[fit_worlds[0]])
+    print(
+        f"# {_dt.date.today().isoformat()}  host {platform.node()}  {os.cpu_count()} cpus  "
+        f"torch {__import__('torch').__version__}  backend {meta.get('backend')}  device {meta.get('device_name')}"
+    )
+    print("# wall s per run: " + ", ".join(f"n={n}: {w:.0f}" for n, w in walls.items()))
+    if max(fit_worlds + [args.check_world]) > (os.cpu_count() or 1):
+        print(f"# NOTE: {max(fit_worlds)} ranks on {os.cpu_count()} cpus oversubscribe: those times include contention")
+
+    model = costmodel.fit([dirs[n] for n in fit_worlds])
+    print(f"# fit on n={args.fit_worlds} (ring formulas)")
+    print(model.format_summary())
+
+    meas = results.load(dirs[args.check_world])
+    meas = meas[meas["size_bytes"] >= args.min_check]
+    rows = []
+    for r in meas.itertuples():
+        p = model.predict(r.collective, r.precision, world_size=int(r.world_size), nbytes=float(r.size_bytes))
+        t = float(r.time_us) * 1e-6
+        rows.append(
+            {
+                "collective": r.collective,
+                "precision": r.precision,
+                "n": int(r.world_size),
+                "size": int(r.size_bytes),
+                "pred_ms": p.time_s * 1e3,
+                "low_ms": p.low_s * 1e3,
+                "high_ms": p.high_s * 1e3,
+                "meas_ms": t * 1e3,
+                "meas_cv": float(r.cv),
+                "ratio": p.time_s / t,
+                "in_interval": p.low_s <= t <= p.high_s,
+                "within_20%": 1 / 1.2 <= p.time_s / t <= 1.2,
+                "extrapolated": p.extrapolated,
+            }
+        )
+    df = pd.DataFrame(rows)
+    print(
+        f"\n# predicted ({args.fit_worlds}-rank fit) / measured ({args.check_world} ranks), sizes >= {args.min_check} B"
+    )
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if not df.empty:
+        import numpy as np
+
+        g = float(np.exp(np.mean(np.log(df["ratio"]))))
+        print(
+            f"# {int(df['within_20%'].sum())}/{len(df)} within 20 %, {int(df['in_interval'].sum())}/{len(df)} inside the"
+            f" 95 % prediction interval; geometric-mean ratio {g:.3f}, range {df['ratio'].min():.3f}..{df['ratio'].max():.3f}"
+        )
+    print(f"# runs: {root}  (load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

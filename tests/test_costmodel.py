@@ -1,0 +1,306 @@
+"""The fitted cost model against independent references: hand-computed ring/tree formulas, synthetic points drawn
+from known alpha and beta, and exact predictions computed here from those parameters (never from the model's own
+earlier output)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from commbench import costmodel as cm
+from commbench.results import RunWriter
+
+ALPHA = 40e-6  # s per latency step
+BETA = 1.0 / 5e9  # s per byte: 5 GB/s bus bandwidth
+SIZES = [2**k for k in range(16, 27, 2)]  # 64 KiB .. 64 MiB
+WORLDS = [2, 4, 8]
+
+
+def ring_time(coll: str, n: int, size: float, alpha: float = ALPHA, beta: float = BETA) -> float:
+    # Written out per collective (not via cm.ALGORITHMS) so the test is an independent reference.
+    if coll == "all_reduce":
+        return alpha * 2 * (n - 1) + size * beta * 2 * (n - 1) / n
+    return alpha * (n - 1) + size * beta * (n - 1) / n
+
+
+def synth(
+    coll: str = "all_reduce",
+    precision: str = "fp32",
+    *,
+    worlds: list[int] = WORLDS,
+    sizes: list[int] = SIZES,
+    noise: float = 0.0,
+    ci_rel: float | None = 0.02,
+    seed: int = 0,
+    wire_ratio: float = 1.0,
+    encode: tuple[float, float] | None = None,
+) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in worlds:
+        for s in sizes:
+            wire = s * wire_ratio
+            t = ring_time(coll, n, wire) * math.exp(noise * rng.standard_normal())
+            row = {
+                "collective": coll, "precision": precision, "impl": "native", "backend": "gloo",
+                "world_size": n, "nodes": 1, "size_bytes": wire, "fp32_bytes": s, "time_us": t * 1e6,
+                "encode_us": 0.0, "decode_us": 0.0, "cv": 0.1, "samples": 10,
+            }  # fmt: skip
+            if encode is not None:
+                e = (coll == "all_gather" and 1.0 / n) or 1.0
+                row["encode_us"] = encode[0] + encode[1] * s * e
+            if ci_rel is not None:
+                row["time_ci_low_us"] = t * 1e6 * (1 - ci_rel)
+                row["time_ci_high_us"] = t * 1e6 * (1 + ci_rel)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------ formulas
+def test_ring_formulas_match_nccl_tests_bus_factors() -> None:
+    ring = cm.ALGORITHMS["ring"]
+    # nccl-tests busbw factors (DESIGN "Numbers"): all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n
+    assert ring.bandwidth_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert ring.bandwidth_factor("all_gather", 4) == pytest.approx(0.75)
+    assert ring.bandwidth_factor("reduce_scatter", 2) == pytest.approx(0.5)
+    assert ring.bandwidth_factor("all_to_all", 3) == pytest.approx(2 / 3)
+    assert ring.bandwidth_factor("broadcast", 8) == 1.0
+    assert ring.latency_steps("all_reduce", 8) == 14
+    assert ring.latency_steps("all_gather", 8) == 7
+    tree = cm.ALGORITHMS["tree"]
+    assert tree.latency_steps("all_reduce", 8) == pytest.approx(6.0)  # 2 log2(8)
+    assert tree.bandwidth_factor("all_reduce", 8) == 2.0
+    assert tree.latency_steps("all_gather", 8) == 7  # falls back to ring
+
+
+# ------------------------------------------------------------------------------------------------ recovery
+@pytest.mark.parametrize("coll", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+def test_recovers_alpha_beta_from_noisy_points(coll: str) -> None:
+    model = cm.fit(synth(coll, noise=0.03, ci_rel=0.03 * 1.96))
+    f = model.get(coll, "fp32")
+    assert f.alpha_s == pytest.approx(ALPHA, rel=0.10)
+    assert f.beta_s_per_byte == pytest.approx(BETA, rel=0.03)
+    assert f.busbw_gbps == pytest.approx(5.0, rel=0.03)
+    assert f.weighting == "ci"
+    assert f.r2_log > 0.99
+    assert f.comm.n_points == len(WORLDS) * len(SIZES)
+    assert f.world_sizes == (2, 4, 8)
+    assert (f.min_bytes, f.max_bytes) == (2**16, 2**26)
+
+
+def test_noise_free_points_are_exact_and_residuals_kept() -> None:
+    model = cm.fit(synth("all_reduce", ci_rel=None))
+    f = model.get("all_reduce", "fp32")
+    assert f.alpha_s == pytest.approx(ALPHA, rel=1e-9)
+    assert f.beta_s_per_byte == pytest.approx(BETA, rel=1e-9)
+    assert f.weighting == "cv"  # no CI columns: falls back to cv
+    r = model.residuals[model.residuals["term"] == "comm"]
+    assert len(r) == 18
+    assert np.allclose(r["ratio"], 1.0)
+    assert abs(f.worst_rel_residual) < 1e-9
+
+
+def test_prediction_at_new_world_size_follows_the_formula() -> None:
+    model = cm.fit(synth("all_reduce", ci_rel=None))
+    for n, size in ((6, 2**22), (16, 2**24), (3, 2**20)):
+        p = model.predict("all_reduce", "fp32", world_size=n, nbytes=size)
+        assert p.time_s == pytest.approx(ring_time("all_reduce", n, size), rel=1e-9)
+        assert p.total_s == pytest.approx(p.time_s)
+        assert p.low_s <= p.time_s <= p.high_s
+
+
+def test_interval_covers_truth_and_shrinks_with_less_noise() -> None:
+    wide = cm.fit(synth("all_gather", noise=0.10, ci_rel=0.2, seed=1)).predict(
+        "all_gather", "fp32", world_size=4, nbytes=2**22
+    )
+    narrow = cm.fit(synth("all_gather", noise=0.01, ci_rel=0.02, seed=1)).predict(
+        "all_gather", "fp32", world_size=4, nbytes=2**22
+    )
+    truth = ring_time("all_gather", 4, 2**22)
+    assert wide.low_s <= truth <= wide.high_s
+    assert narrow.low_s <= truth <= narrow.high_s
+    assert (narrow.high_s - narrow.low_s) < (wide.high_s - wide.low_s) / 3
+
+
+def test_non_negative_parameters() -> None:
+    # Pure bandwidth data with noise: unconstrained LS may give alpha < 0; the bound holds it at 0.
+    df = synth("all_reduce", noise=0.05, ci_rel=0.1, seed=3)
+    df["time_us"] = df["size_bytes"] * BETA * 2 * (df["world_size"] - 1) / df["world_size"] * 1e6
+    df.loc[df["size_bytes"] == 2**16, "time_us"] *= 0.5  # pull the small-size end below the line
+    f = cm.fit(df).get("all_reduce", "fp32")
+    assert f.alpha_s == 0.0 and f.comm.free == (False, True)
+    assert f.beta_s_per_byte > 0
+    lf = cm.nnls2(np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]]), np.array([3.0, 2.0, 1.0]), np.ones(3),
+                  sigma_is_absolute=False)  # fmt: skip
+    assert lf.params[1] == 0.0 and lf.params[0] == pytest.approx(2.0)  # decreasing data: slope clamped, mean left
+
+
+# ------------------------------------------------------------------------------------------------ weights
+def test_outlier_with_wide_ci_barely_moves_the_fit() -> None:
+    base = synth("all_reduce", ci_rel=0.02)
+    bad = base.copy()
+    i = bad.index[(bad["world_size"] == 4) & (bad["size_bytes"] == 2**22)][0]
+    bad.loc[i, "time_us"] *= 5.0
+    wide = bad.copy()
+    wide.loc[i, "time_ci_low_us"] = 0.0
+    wide.loc[i, "time_ci_high_us"] = bad.loc[i, "time_us"] * 20
+    f_wide = cm.fit(wide).get("all_reduce", "fp32")
+    f_narrow = cm.fit(bad).get("all_reduce", "fp32")  # the outlier claims a +-2 % interval
+    moved_wide = abs(f_wide.beta_s_per_byte / BETA - 1)
+    moved_narrow = abs(f_narrow.beta_s_per_byte / BETA - 1)
+    assert moved_wide < 1e-3 and f_wide.alpha_s == pytest.approx(ALPHA, rel=1e-3)
+    assert moved_narrow > 0.01 and moved_narrow > 20 * moved_wide
+    assert "4M n=4" in f_narrow.worst_where
+
+
+def test_relative_weighting_when_no_uncertainty_columns() -> None:
+    df = synth("all_reduce", ci_rel=None, noise=0.02).drop(columns=["cv", "samples"])
+    f = cm.fit(df).get("all_reduce", "fp32")
+    assert f.weighting == "relative"
+    assert f.beta_s_per_byte == pytest.approx(BETA, rel=0.05)
+
+
+# ------------------------------------------------------------------------------------------------ extrapolation
+def test_extrapolation_flags_say_which() -> None:
+    model = cm.fit(synth("all_reduce", worlds=[2, 4], ci_rel=None))
+    inside = model.predict("all_reduce", "fp32", world_size=4, nbytes=2**20)
+    assert not inside.extrapolated and inside.reason == "within the fitted range"
+    interp = model.predict("all_reduce", "fp32", world_size=3, nbytes=2**20)
+    assert not interp.extrapolated and "interpolated" in interp.reason and "world size 3" in interp.reason
+    big = model.predict("all_reduce", "fp32", world_size=4, nbytes=2**30)
+    assert big.extrapolated and "size" in big.reason and "world size" not in big.reason
+    small = model.predict("all_reduce", "fp32", world_size=2, nbytes=1024)
+    assert small.extrapolated and "size 1024" in small.reason
+    wide = model.predict("all_reduce", "fp32", world_size=64, nbytes=2**20)
+    assert wide.extrapolated and "world size 64 outside the fitted 2,4" in wide.reason
+    both = model.predict("all_reduce", "fp32", world_size=64, nbytes=2**30)
+    assert both.extrapolated and "size" in both.reason and "world size 64" in both.reason
+
+
+# ------------------------------------------------------------------------------------------------ sizes, codec
+def test_fp32_bytes_and_wire_bytes_for_bf16() -> None:
+    model = cm.fit(synth("all_reduce", "bf16", wire_ratio=0.5, ci_rel=None))
+    f = model.get("all_reduce", "bf16")
+    assert f.wire_per_fp32 == 0.5
+    a = model.predict("all_reduce", "bf16", world_size=4, fp32_bytes=2**22)
+    b = model.predict("all_reduce", "bf16", world_size=4, nbytes=2**21)
+    assert a.time_s == pytest.approx(b.time_s) and a.wire_bytes == 2**21 and b.fp32_bytes == 2**22
+    assert a.time_s == pytest.approx(ring_time("all_reduce", 4, 2**21), rel=1e-9)
+
+
+def test_codec_cost_per_byte_scaled_by_shard() -> None:
+    c0, c1 = 15.0, 2e-4  # us, us per fp32 byte encoded
+    model = cm.fit(synth("all_gather", "fp8", ci_rel=None, wire_ratio=0.25, encode=(c0, c1)))
+    f = model.get("all_gather", "fp8")
+    assert f.encode is not None and f.decode is None
+    assert f.encode.params[0] * 1e6 == pytest.approx(c0, rel=1e-6)
+    assert f.encode.params[1] * 1e6 == pytest.approx(c1, rel=1e-6)
+    p = model.predict("all_gather", "fp8", world_size=16, fp32_bytes=2**24)
+    assert p.encode_s == pytest.approx((c0 + c1 * 2**24 / 16) * 1e-6, rel=1e-6)  # a rank encodes its 1/n shard
+    assert p.total_s == pytest.approx(p.encode_s + p.time_s)
+    assert p.total_low_s <= p.total_s <= p.total_high_s
+
+
+# ------------------------------------------------------------------------------------------------ groups
+def test_groups_fitted_separately() -> None:
+    intra = synth("all_reduce", worlds=[2, 4], ci_rel=None).assign(group="intra")
+    inter = synth("all_reduce", worlds=[2, 4], ci_rel=None).assign(group="inter")
+    inter["time_us"] *= 10
+    inter["group_size"] = inter["world_size"]
+    inter["world_size"] = inter["world_size"] * 4
+    model = cm.fit([intra, inter])
+    assert model.get("all_reduce", "fp32", "intra").alpha_s == pytest.approx(ALPHA, rel=1e-9)
+    fi = model.get("all_reduce", "fp32", "inter")
+    assert fi.alpha_s == pytest.approx(10 * ALPHA, rel=1e-9)
+    assert fi.world_sizes == (2, 4)  # group_size, not world_size
+    with pytest.raises(ValueError, match="no model for all_reduce/fp32/world"):
+        model.predict("all_reduce", "fp32", world_size=4, nbytes=2**20)
+
+
+# ------------------------------------------------------------------------------------------------ JSON
+def test_json_round_trip(tmp_path: Path) -> None:
+    model = cm.fit([synth("all_reduce", noise=0.05, seed=2), synth("all_gather", "fp8", encode=(5.0, 1e-4))])
+    p = model.to_json(tmp_path / "m.json")
+    back = cm.CostModel.from_json(p)
+    assert set(back.fits) == set(model.fits)
+    for key in model.fits:
+        a = model.predict(key[0], key[1], world_size=6, nbytes=3e6)
+        b = back.predict(key[0], key[1], world_size=6, nbytes=3e6)
+        assert a == b
+    assert len(back.residuals) == len(model.residuals)
+    assert np.allclose(back.residuals["ratio"].astype(float), model.residuals["ratio"].astype(float))
+    assert json.loads(p.read_text())["schema_version"] == cm.SCHEMA_VERSION
+
+
+def test_bad_json_files(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read cost model"):
+        cm.CostModel.from_json(tmp_path / "missing.json")
+    (tmp_path / "a.json").write_text("{not json")
+    with pytest.raises(ValueError, match="is not JSON"):
+        cm.CostModel.from_json(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text('{"fits": []}')
+    with pytest.raises(ValueError, match="not a commbench cost model"):
+        cm.CostModel.from_json(tmp_path / "b.json")
+    d = cm.fit(synth()).to_dict()
+    (tmp_path / "c.json").write_text(json.dumps({**d, "schema_version": 99}))
+    with pytest.raises(ValueError, match="schema version 99"):
+        cm.CostModel.from_json(tmp_path / "c.json")
+    del d["fits"][0]["comm"]
+    (tmp_path / "d.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="malformed.*comm"):
+        cm.CostModel.from_json(tmp_path / "d.json")
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def test_bad_inputs_say_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        cm.fit([])
+    with pytest.raises(ValueError, match="lacks column.*time_us"):
+        cm.fit(synth().drop(columns=["time_us"]))
+    with pytest.raises(ValueError, match="unknown group"):
+        cm.fit(synth().assign(group="rack"))
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        cm.fit(synth(), algorithm="bcube")
+    mixed = synth()
+    mixed.loc[0, "backend"] = "nccl"
+    with pytest.raises(ValueError, match="several backends"):
+        cm.fit(mixed)
+    model = cm.fit(synth(sizes=[2**20], worlds=[2, 4]))
+    assert "1 distinct size" in model.skipped["all_reduce/fp32/world"]
+    with pytest.raises(ValueError, match="no model for all_reduce/fp32/world: .*distinct size"):
+        model.predict("all_reduce", "fp32", world_size=2, nbytes=2**20)
+    good = cm.fit(synth())
+    with pytest.raises(ValueError, match="exactly one of nbytes"):
+        good.predict("all_reduce", "fp32", world_size=2)
+    with pytest.raises(ValueError, match="exactly one of nbytes"):
+        good.predict("all_reduce", "fp32", world_size=2, nbytes=1, fp32_bytes=1)
+    with pytest.raises(ValueError, match="world_size must be an integer >= 2"):
+        good.predict("all_reduce", "fp32", world_size=1, nbytes=2**20)
+    with pytest.raises(ValueError, match="positive number of bytes"):
+        good.predict("all_reduce", "fp32", world_size=2, nbytes=0)
+    with pytest.raises(ValueError, match="fitted: all_reduce/fp32/world"):
+        good.predict("all_gather", "fp32", world_size=2, nbytes=2**20)
+
+
+# ------------------------------------------------------------------------------------------------ run dirs
+def _run_dir(path: Path, df: pd.DataFrame) -> Path:
+    w = RunWriter(path)
+    w.write_metadata({"schema_version": 1})
+    w.add("results", df.to_dict("records"))
+    return path
+
+
+def test_main_fit_from_run_dirs(tmp_path: Path) -> None:
+    d2 = _run_dir(tmp_path / "n2", synth("reduce_scatter", worlds=[2], ci_rel=None))
+    d4 = _run_dir(tmp_path / "n4", synth("reduce_scatter", worlds=[4], ci_rel=None))
+    text = cm.main_fit([d2, d4], tmp_path / "out" / "model.json")
+    assert "reduce_scatter" in text and "2,4" in text and "5.000" in text  # busbw GB/s
+    model = cm.CostModel.from_json(tmp_path / "out" / "model.json")
+    p = model.predict("reduce_scatter", "fp32", world_size=3, nbytes=2**23)
+    assert p.time_s == pytest.approx(ring_time("reduce_scatter", 3, 2**23), rel=1e-6)
+    assert set(model.residuals["source"]) == {str(d2), str(d4)}
