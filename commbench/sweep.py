@@ -10,7 +10,6 @@ then encode / comm / decode timed separately by the timing core.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import signal
 import time
@@ -18,9 +17,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
+from commbench.check import check_point
 from commbench.collectives import Collective, Layout, get_collective
 from commbench.config import SuiteConfig
 from commbench.launch import Dist
@@ -28,44 +27,12 @@ from commbench.precision import Precision, get_precision
 from commbench.records import CollectivePoint
 from commbench.timing import Measurement, Stats, bandwidth_gbps, measure
 
-LOCAL_REFERENCE_MAX_RANKS = int(os.environ.get("COMMBENCH_LOCAL_REFERENCE_MAX_RANKS", "16"))
-"""Worlds up to this size check against a locally computed float64 reference (see Sweep.references); the
-environment variable exists so the test suite can exercise the large-world path on two ranks."""
-
 
 @dataclass(frozen=True, slots=True)
 class Point:
     collective: Collective
     precision: Precision
     fp32_bytes: int
-
-
-def payload(kind: str, numel: int, seed: int) -> torch.Tensor:
-    """Float64 payload of one rank: ``normal`` N(0,1); ``gradient`` N(0, 1e-7^2), the magnitude of
-    small late-training gradients: below fp16's smallest normal (6.1e-5) and around its smallest subnormal
-    (6.0e-8), so they underflow without loss scaling, while bf16 keeps fp32's exponent range; ``outliers`` N(0,1) with
-    one element in a thousand scaled by 1e4 (per-tensor scaling collapses the rest)."""
-    g = torch.Generator().manual_seed(seed)
-    if kind == "normal":
-        return torch.randn(numel, generator=g, dtype=torch.float64)
-    if kind == "gradient":
-        return torch.randn(numel, generator=g, dtype=torch.float64) * 1e-7
-    if kind == "outliers":
-        x = torch.randn(numel, generator=g, dtype=torch.float64)
-        mask = torch.rand(numel, generator=g, dtype=torch.float64) < 1e-3
-        return torch.where(mask, x * 1e4, x)
-    raise ValueError(f"unknown payload {kind!r}")
-
-
-def exact_inputs(numel: int, rank: int) -> torch.Tensor:
-    """Integers in [-2, 2] whose sum over any 5 consecutive ranks is 0, so partial sums stay small and every
-    format carries them exactly (the idea of nccl-tests' -c data)."""
-    i = torch.arange(numel, dtype=torch.int64)
-    return ((i * 7 + rank * 3) % 5 - 2).to(torch.float64)
-
-
-def point_seed(base: int, rank: int, fp32_bytes: int) -> int:
-    return (base * 1_000_003 + rank * 7919 + fp32_bytes) % (2**63)
 
 
 def _fault_hook(rank: int, index: int) -> None:
@@ -117,29 +84,6 @@ class Sweep:
             return None
         return pt.collective.layout(total, n)
 
-    def references(
-        self, coll: Collective, layout: Layout, make: Callable[[int], torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(this rank's input, expected output, expected output of |inputs|), all float64 on the CPU.
-
-        Up to LOCAL_REFERENCE_MAX_RANKS the expectation is computed locally from every rank's regenerated
-        input: independent of the backend under test. Beyond that, regenerating every peer's input costs
-        O(world x size) per rank, so the reference is the same collective run in float64 on the backend.
-        """
-        d = self.d
-        mine = make(d.rank)
-        if d.world_size <= LOCAL_REFERENCE_MAX_RANKS:
-            inputs = [mine if r == d.rank else make(r) for r in range(d.world_size)]
-            return mine, coll.reference(inputs, d.rank), coll.reference([x.abs() for x in inputs], d.rank)
-
-        def fp64_collective(x: torch.Tensor) -> torch.Tensor:
-            inp = x.to(d.device)
-            out = inp.clone() if not coll.out_of_place() else torch.empty(layout.output_numel, dtype=torch.float64, device=d.device)
-            coll.run(inp, out)
-            return out.cpu()
-
-        return mine, fp64_collective(mine), fp64_collective(mine.abs())
-
     def run_point(self, pt: Point, index: int) -> CollectivePoint | None:
         _fault_hook(self.d.rank, index)
         layout = self.layout(pt)
@@ -148,46 +92,9 @@ class Sweep:
         d, suite, coll, prec = self.d, self.suite, pt.collective, pt.precision
         op = prec.make_op(coll, layout, None, d.device)
 
-        def roundtrip(x: torch.Tensor) -> torch.Tensor:
-            op.load(x.to(device=d.device, dtype=prec.input_dtype))
-            op.encode()
-            op.comm()
-            op.decode()
-            d.sync()
-            return op.result().to(device="cpu", dtype=torch.float64)
-
-        wrong = 0
-        tol = 0.0
-        if suite.check:
-            mine, ref, abs_ref = self.references(coll, layout, lambda r: exact_inputs(layout.input_numel, r))
-            got = roundtrip(mine)
-            bound = prec.error_bound(coll, abs_ref, d.world_size)
-            bad = ~((got - ref).abs() <= bound)  # NaN compares false: counted wrong
-            tol = float(torch.as_tensor(bound).max()) if isinstance(bound, torch.Tensor) else float(bound)
-            wrong = int(bad.sum())
-        seeds = [point_seed(suite.seed, r, pt.fp32_bytes) for r in range(d.world_size)]
-        mine, ref, _ = self.references(coll, layout, lambda r: payload(suite.payload, layout.input_numel, seeds[r]))
-        got = roundtrip(mine)
-        diff = got - ref
-        finite = bool(torch.isfinite(got).all())
-        err = torch.tensor(
-            [
-                float((diff * diff).sum()) if finite else math.inf,
-                float((ref * ref).sum()),
-                float(diff.abs().max()) if finite else math.inf,
-                float(wrong),
-                tol,
-            ],
-            dtype=torch.float64,
-        )
-        stats = d.gather_floats(err.tolist())
-        sq_diff = sum(s[0] for s in stats)
-        sq_ref = sum(s[1] for s in stats)
-        max_abs = max(s[2] for s in stats)
-        wrong_total = int(sum(s[3] for s in stats))
-        tol = max(s[4] for s in stats)
-        rel_err = math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
-        del ref, diff, got
+        chk = check_point(d, suite, coll, prec, layout, op, pt.fp32_bytes)
+        mine = chk.timing_input
+        wrong_total, tol, rel_err, max_abs = chk.wrong, chk.tolerance, chk.rel_err, chk.max_abs_err
 
         # Timing on the payload (in-place collectives keep summing into the buffer: like nccl-tests in-place).
         op.load(mine.to(device=d.device, dtype=prec.input_dtype))
