@@ -83,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a silent rank ends the run (default 60)")
     r.add_argument("--warmup", type=_positive_int, help="untimed calls per phase before calibration")
     r.add_argument("--min-time", type=_positive_float, help="minimum seconds per sample (calibrates k)")
-    r.add_argument("--repeats", type=_positive_int, help="samples per point and rank")
+    r.add_argument("--repeats", type=_positive_int, help="minimum samples per point (6 reach a 95 %% interval)")
+    r.add_argument("--target-ci", type=_positive_float, help="target relative half-width of each point's 95 %% interval, e.g. 0.05")
+    r.add_argument("--max-time", type=_positive_float, help="seconds of sampling per size before a point is left noisy")
     r.add_argument("--no-training", action="store_true", help="skip the suite's [training] section")
     r.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report at the end")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -164,7 +166,11 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
             suite = replace(suite, training=TrainingConfig.from_dict(training))
     else:
         suite = load_suite(args.suite or DEFAULT_SUITE)
-    timing = {k: v for k, v in (("warmup", args.warmup), ("min_time_s", args.min_time), ("repeats", args.repeats)) if v is not None}
+    flags = (
+        ("warmup", args.warmup), ("min_time_s", args.min_time), ("repeats", args.repeats),
+        ("target_ci", args.target_ci), ("budget_s", args.max_time),
+    )  # fmt: skip
+    timing = {k: v for k, v in flags if v is not None}
     if args.no_training and suite.training is not None:
         from dataclasses import replace
 

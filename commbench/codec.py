@@ -70,6 +70,7 @@ class CodecPrecision(Precision):
 
     input_dtype = torch.float32
     wire_dtype = torch.uint8
+    chunked = True
 
     def __init__(self, codec: Codec, impl: str) -> None:
         self.codec = codec
@@ -124,3 +125,4 @@ def get_codec(name: str) -> Codec:
 def _load_plugins() -> None:
     # The fp8 codecs register on import of fp8_ops (which also registers the native fp8 precisions).
     import commbench.fp8_ops  # noqa: F401
+    import commbench.raw_codec  # noqa: F401

@@ -67,14 +67,23 @@ def size_grid(min_bytes: int, max_bytes: int, factor: int = 2, step: int = 0) ->
 
 @dataclass(kw_only=True, slots=True)
 class TimingConfig:
-    """The timing protocol (pyperf style): warm up, calibrate k ops per sample, take ``repeats`` samples."""
+    """The timing protocol: warm up, calibrate k back-to-back ops per sample, then sample every precision of a
+    size in alternating rounds until each one's 95 % interval is narrow enough or the size's budget is spent."""
 
     warmup: int = 2
-    """Untimed calls before calibration (first-call costs: allocations, connection set-up)."""
+    """Untimed calls per phase before calibration (first-call costs: allocations, connection set-up)."""
     min_time_s: float = 0.01
-    """A sample of k back-to-back ops lasts at least this long (k doubles until it does)."""
-    repeats: int = 5
-    """Samples per point and rank."""
+    """A sample of k back-to-back ops lasts at least this long (k grows until it does)."""
+    min_iters: int = 1
+    """k is at least this (nccl-tests times 20 back-to-back ops; a long-enough sample amortises barrier skew)."""
+    repeats: int = 6
+    """Minimum samples (rounds) per point; 6 is the fewest whose interval of the median reaches 95 %."""
+    max_samples: int = 60
+    """Stop sampling a size after this many rounds even when the target is not reached (never below ``repeats``)."""
+    target_ci: float = 0.05
+    """Target relative half-width of each point's 95 % interval (0.05 = ±5 %); a point that misses it is noisy."""
+    budget_s: float = 4.0
+    """Seconds of sampling per size (all its precisions together) before giving up on the target."""
     max_iters: int = 1000
     """Upper bound on k."""
 
@@ -83,10 +92,18 @@ class TimingConfig:
             raise ValueError(f"timing.warmup must be >= 1, got {self.warmup}")
         if not self.min_time_s > 0:
             raise ValueError(f"timing.min_time_s must be > 0, got {self.min_time_s}")
+        if self.min_iters < 1:
+            raise ValueError(f"timing.min_iters must be >= 1, got {self.min_iters}")
         if self.repeats < 1:
             raise ValueError(f"timing.repeats must be >= 1, got {self.repeats}")
-        if self.max_iters < 1:
-            raise ValueError(f"timing.max_iters must be >= 1, got {self.max_iters}")
+        if self.max_samples < 1:
+            raise ValueError(f"timing.max_samples must be >= 1, got {self.max_samples}")
+        if not 0 < self.target_ci < 1:
+            raise ValueError(f"timing.target_ci must be in (0, 1), e.g. 0.05 for ±5 %, got {self.target_ci}")
+        if not self.budget_s > 0:
+            raise ValueError(f"timing.budget_s must be > 0, got {self.budget_s}")
+        if self.max_iters < self.min_iters:
+            raise ValueError(f"timing.max_iters must be >= timing.min_iters ({self.min_iters}), got {self.max_iters}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -145,7 +162,7 @@ class SuiteConfig:
 
 
 _SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "timing", "training"}
-_TIMING_KEYS = {"warmup", "min_time_s", "repeats", "max_iters"}
+_TIMING_KEYS = {"warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters"}
 
 
 def _as_list(key: str, value: Any) -> list[str]:

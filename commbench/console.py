@@ -11,13 +11,9 @@ from typing import Any
 
 from commbench.config import format_size
 from commbench.records import is_missing
-from commbench.table import HEADER, UNITS, block_title, format_row
+from commbench.table import LEGEND, block_title, columns_for, format_row, header_lines, terminal_width
 
 __all__ = ["PointPrinter", "SweepProgress", "print_crossover", "print_noise_warning", "print_skipped", "training_line"]
-
-# pyperf's rule: a coefficient of variation of 10 % or more makes a timing untrustworthy.
-NOISY_CV = 0.10
-
 
 class SweepProgress:
     """A transient rich progress bar on stderr, or nothing when quiet (or nothing to do)."""
@@ -28,18 +24,25 @@ class SweepProgress:
         if not enabled or total == 0:
             return
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
             console=Console(stderr=True), transient=True,
         )  # fmt: skip
         self._progress.start()
         self._task = self._progress.add_task("sweep", total=total)
 
-    def advance(self, description: str) -> None:
+    def advance(self, description: str, n: int = 1) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, advance=1, description=description)
+            self._progress.update(self._task, advance=n, description=description)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -47,21 +50,25 @@ class SweepProgress:
 
 
 class PointPrinter:
-    """Prints finished points as nccl-tests rows, with a block title and header whenever the
-    (collective, precision) block changes."""
+    """Prints finished points as nccl-tests rows (as many columns as the terminal fits), with a block title
+    and header whenever the collective changes; each row names its precision."""
 
-    def __init__(self) -> None:
-        self._block: tuple[str, str] | None = None
+    def __init__(self, width: int | None = None) -> None:
+        self._block: str | None = None
+        self._cols = columns_for(width or terminal_width())
+        self._legend = False
 
     def row(self, row: Any, redop: str) -> None:
-        block = (row["collective"], row["precision"])
-        if block != self._block:
-            self._block = block
+        if not self._legend:
+            self._legend = True
+            print(LEGEND)
+        if row["collective"] != self._block:
+            self._block = row["collective"]
             print("#")
-            print(block_title(row, redop))
-            print(HEADER)
-            print(UNITS)
-        print(format_row(row, redop))
+            print(block_title(row))
+            for line in header_lines(self._cols):
+                print(line)
+        print(format_row({**row, "redop": redop}, self._cols))
         sys.stdout.flush()
 
 
@@ -70,30 +77,36 @@ def print_skipped(pairs: Iterable[tuple[str, str]], backend: str) -> None:
         print(f"# skipped {c} x {p}: not supported on backend {backend}")
 
 
-def print_noise_warning(cvs: Iterable[float]) -> None:
-    values = list(cvs)
-    noisy = sum(1 for v in values if v >= NOISY_CV)
-    if noisy:  # pyperf's rule: say so instead of hiding it
+def print_noise_warning(df: Any) -> None:
+    """Say how many points missed the interval target (pyperf's rule: warn instead of hiding it)."""
+    if "noisy" not in df.columns:
+        return
+    noisy = int(df["noisy"].fillna(False).astype(bool).sum())
+    if noisy:
         print(
-            f"# warning: {noisy} of {len(values)} points have a coefficient of variation >= 10 %: timings are noisy "
-            "(other load on the machine, or too few samples: raise --min-time / --repeats)"
+            f"# warning: {noisy} of {len(df)} points did not reach the target interval (noisy: other load on the "
+            "machine, or too little time: raise --max-time, or loosen --target-ci)"
         )
 
 
 def print_crossover(cross: list[dict[str, Any]]) -> None:
     if not cross:
         return
-    print("#\n# crossover: smallest fp32 tensor size from which a precision beats fp32 on effective bandwidth")
+    print("#\n# crossover: smallest fp32 tensor size from which a precision is significantly faster than fp32 (total time)")
     for row in cross:
         where = format_size(int(row["crossover_bytes"])) if row["note"] == "" else row["note"]
-        print(f"#   {row['collective']:<15} {row['precision']:<20} {where}")
+        g, lo, hi = (float(row.get(k, math.nan)) for k in ("gain_at_largest", "gain_at_largest_ci_low", "gain_at_largest_ci_high"))
+        at_max = ""
+        if not math.isnan(g):
+            at_max = f"  ({g:.2f}x at the largest size" + (f", 95 % CI {lo:.2f}-{hi:.2f})" if not math.isnan(lo) else ")")
+        print(f"#   {row['collective']:<15} {row['precision']:<20} {where}{at_max}")
 
 
 def training_line(row: Mapping[str, Any]) -> str:
     """One policy's summary: step time, bytes per step, loss drift and its warnings."""
     def num(key: str, missing: float) -> float:
         v = row.get(key)
-        return missing if is_missing(v) else float(v)
+        return missing if v is None or is_missing(v) else float(v)
 
     return (
         f"# training {row.get('policy'):<24} step p50 {num('step_time_us_p50', math.nan) / 1e3:8.2f} ms"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench import console
-from commbench.config import SuiteConfig
+from commbench.config import SuiteConfig, format_size
 
 __all__ = ["default_run_dir", "report_after_run", "run_metadata", "run_worker"]
 
@@ -119,25 +119,25 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
 
 def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
     from commbench.results import crossover
-    from commbench.sweep import Sweep, agree_done, iter_points
+    from commbench.sweep import Sweep, agree_done, count_points, iter_groups
 
     sweep = Sweep(suite, d)
     done = agree_done(d, writer.done_keys() if writer is not None else set())
-    todo = list(iter_points(sweep, done))
+    todo = list(iter_groups(sweep, done))
     lead = d.rank == 0
     if lead:
         console.print_skipped(sweep.skipped(), d.backend)
-    progress = console.SweepProgress(len(todo), enabled=lead and not quiet)
+    progress = console.SweepProgress(count_points(todo), enabled=lead and not quiet)
     printer = console.PointPrinter()
     try:
-        for index, pt in todo:
-            point = sweep.run_point(pt, index)
+        for group, indices in todo:
+            points = sweep.run_group(group, indices)
             if lead:
-                if point is not None:
-                    assert writer is not None
-                    writer.add([point])
-                    printer.row(point.as_dict(), pt.collective.redop)
-                progress.advance(f"{pt.collective.name} {pt.precision.name}")
+                assert writer is not None
+                writer.add([p for _, p in points])
+                for _, p in points:
+                    printer.row(p.as_dict(), group.collective.redop)
+                progress.advance(f"{group.collective.name} {format_size(group.fp32_bytes)}", len(indices))
     finally:
         progress.stop()
     if lead and writer is not None:
@@ -145,7 +145,7 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
 
         df = pd.DataFrame(writer.rows["results"])
         if not df.empty:
-            console.print_noise_warning(df["cv"])
+            console.print_noise_warning(df)
         cross = crossover(df)
         writer.write_crossover(cross)
         console.print_crossover(cross)

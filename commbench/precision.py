@@ -63,6 +63,9 @@ class Precision(ABC):
     ``fp8_bytes`` (a codec's bytes through :mod:`commbench.chunked`), ``fp8_native``."""
     input_dtype: torch.dtype
     """dtype of the user's tensor (what ``load`` receives)."""
+    chunked: bool = False
+    """True when the precision reaches its result through the chunked algorithm (:mod:`commbench.chunked`)
+    rather than the backend's own collective: the sweep then also times fp32 through that algorithm."""
     wire_dtype: torch.dtype
     description: str = ""
 
@@ -208,6 +211,7 @@ def _load_plugins() -> None:
     except ModuleNotFoundError as e:
         if e.name != "commbench.fp8_ops":
             raise
+    import commbench.raw_codec  # noqa: F401
 
 
 def precision_names() -> list[str]:

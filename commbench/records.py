@@ -24,6 +24,9 @@ from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin
 
 R = TypeVar("R", bound="Record")
 
+NAN = math.nan
+"""Default of a float column a source may not have (an imported nccl-tests log has no interval)."""
+
 # pandas dtype per Python type, (required, optional). Required ints stay numpy int64 (what pandas gives a
 # column without gaps, as runs always wrote); a column that may be None uses the nullable Int64/boolean so a
 # missing value stays missing instead of turning the column into floats. Strings are left to pandas
@@ -158,21 +161,41 @@ class CollectivePoint(Record):
     count: int = col("nccl-tests count column: elements per call parameter")
     fp32_bytes: int = col("the same size in fp32 bytes: what the user's tensor holds")
     wire_bytes: int = col("bytes the collective moved per nccl-tests size definition, scales included")
-    time_us: float = col("per-op collective time, microseconds: mean over ranks of each rank's median")
+    time_us: float = col("per-op collective time, microseconds: median over samples of the mean over ranks of each sample")
     time_us_max: float = col("slowest rank's median per-op time, microseconds")
+    time_ci_low_us: float = col("lower end of the 95 % confidence interval of time_us, microseconds", NAN)
+    time_ci_high_us: float = col("upper end of the 95 % confidence interval of time_us, microseconds", NAN)
     p50_us: float = col("median per-op time over every sample of every rank, microseconds")
     p95_us: float = col("95th percentile per-op time over every sample of every rank, microseconds")
     cv: float = col("coefficient of variation of the pooled samples (fraction, not %)")
     rank_spread: float = col("slowest over fastest rank median minus one (fraction)")
     iters: int = col("back-to-back ops per timed sample (calibrated)")
     samples: int = col("timed samples per rank")
+    ci_coverage: float = col("actual coverage of the order-statistic intervals (>= 0.95 from 6 samples on)", NAN)
+    noisy: bool | None = col("True when the total time's interval stayed wider than the target (timing.target_ci)", None)
     algbw_gbps: float = col("algorithm bandwidth, GB/s: size_bytes / time_us")
     busbw_gbps: float = col("bus bandwidth, GB/s: algbw times the collective's nccl-tests bus factor")
+    busbw_ci_low_gbps: float = col("lower end of busbw's 95 % interval, GB/s (from time_ci_high_us)", NAN)
+    busbw_ci_high_gbps: float = col("upper end of busbw's 95 % interval, GB/s (from time_ci_low_us)", NAN)
     encode_us: float = col("per-op encode time, microseconds (0 for native precisions)")
     comm_us: float = col("per-op collective time, microseconds (= time_us)")
     decode_us: float = col("per-op decode time, microseconds (0 for native precisions)")
     total_us: float = col("encode + collective + decode, microseconds")
+    total_ci_low_us: float = col("lower end of total_us's 95 % interval, microseconds", NAN)
+    total_ci_high_us: float = col("upper end of total_us's 95 % interval, microseconds", NAN)
     effective_gbps: float = col("fp32-equivalent bandwidth, GB/s: fp32_bytes / total_us")
+    effective_ci_low_gbps: float = col("lower end of effective_gbps' 95 % interval, GB/s", NAN)
+    effective_ci_high_gbps: float = col("upper end of effective_gbps' 95 % interval, GB/s", NAN)
+    gain_vs_fp32: float = col("fp32 total time / this total time at the same size, median of pairs timed in the same round (>1: faster)", NAN)
+    gain_ci_low: float = col("lower end of gain_vs_fp32's 95 % interval", NAN)
+    gain_ci_high: float = col("upper end of gain_vs_fp32's 95 % interval", NAN)
+    gain_significant: bool | None = col("True when gain_vs_fp32's interval excludes 1 (None without an fp32 pair)", None)
+    algo_gain: float = col("fp32 / fp32_chunked total time: the part of the gain due to the algorithm (codec precisions of reductions)", NAN)
+    algo_gain_ci_low: float = col("lower end of algo_gain's 95 % interval", NAN)
+    algo_gain_ci_high: float = col("upper end of algo_gain's 95 % interval", NAN)
+    precision_gain: float = col("fp32_chunked / this total time: the part of the gain due to fewer bytes (same algorithm)", NAN)
+    precision_gain_ci_low: float = col("lower end of precision_gain's 95 % interval", NAN)
+    precision_gain_ci_high: float = col("upper end of precision_gain's 95 % interval", NAN)
     wrong: int = col("elements outside the error bound on exactly representable inputs (nccl-tests #wrong)")
     tolerance: float = col("largest error bound used by the wrong check (absolute, in the data's unit)")
     rel_err: float = col("relative L2 error of the result against a float64 reference (fraction)")
@@ -189,8 +212,14 @@ class Crossover(Record):
     collective: str = col("collective name")
     payload: str = col("input distribution")
     precision: str = col("the precision compared with fp32")
-    crossover_bytes: float = col(
-        "smallest fp32 size, bytes, from which effective bandwidth beats fp32 at that and every larger size; "
-        "NaN if none"
+    crossover_bytes: int | None = col(
+        "smallest fp32 size, bytes, from which the precision is significantly faster than fp32 (total time, "
+        "paired interval above 1) at that and every larger size; empty if none"
     )
-    note: str = col('"never in range" when crossover_bytes is NaN, else empty')
+    note: str = col(
+        '"" when crossover_bytes is set; else "not significant" (the largest size shows no significant '
+        'difference) or "never in range" (fp32 is faster at the largest size)'
+    )
+    gain_at_largest: float = col("total-time speed-up over fp32 at the largest size measured", NAN)
+    gain_at_largest_ci_low: float = col("lower end of its 95 % interval", NAN)
+    gain_at_largest_ci_high: float = col("upper end of its 95 % interval", NAN)

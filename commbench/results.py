@@ -298,24 +298,46 @@ def load_crossover(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def crossover(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per collective, payload and precision: the smallest fp32 size from which the precision's effective
-    bandwidth beats fp32 at that size and at every larger size measured (else "never in range")."""
+    """Per collective, payload and precision: the smallest fp32 size from which the precision is significantly
+    faster than fp32 at that size and at every larger size measured.
+
+    A size counts as a win only when its paired speed-up interval (``gain_ci_low``) lies above 1; runs written
+    before intervals existed (no ``gain_vs_fp32``) fall back to comparing effective bandwidth, without
+    significance.
+    """
     out: list[dict[str, Any]] = []
     if df.empty:
         return out
+    has_ci = "gain_ci_low" in df.columns and df["gain_ci_low"].notna().any()
     for (coll, payload), g in df.groupby(["collective", "payload"], sort=False):
         base = g[g["precision"] == "fp32"].set_index("fp32_bytes")["effective_gbps"]
         if base.empty:
             continue
         for prec, gp in g[g["precision"] != "fp32"].groupby("precision", sort=False):
-            eff = gp.set_index("fp32_bytes")["effective_gbps"]
-            sizes = sorted(set(eff.index) & set(base.index))
-            wins = [bool(eff[s] > base[s]) for s in sizes]
-            cross: float = math.nan
+            gp = gp.set_index("fp32_bytes").sort_index()
+            sizes = [s for s in gp.index if s in base.index]
+            if not sizes:
+                continue
+            if has_ci:
+                wins = [bool(gp.at[s, "gain_ci_low"] > 1.0) for s in sizes]
+                last = gp.loc[sizes[-1]]
+                lose_last = bool(last["gain_ci_high"] < 1.0)
+                gain = (float(last["gain_vs_fp32"]), float(last["gain_ci_low"]), float(last["gain_ci_high"]))
+            else:
+                wins = [bool(gp.at[s, "effective_gbps"] > base[s]) for s in sizes]
+                lose_last = not wins[-1]
+                ratio = float(gp.at[sizes[-1], "effective_gbps"] / base[sizes[-1]])
+                gain = (ratio, math.nan, math.nan)
+            cross: int | None = None
             for i, s in enumerate(sizes):
                 if all(wins[i:]):
-                    cross = float(s)
+                    cross = int(s)
                     break
-            note = "" if not math.isnan(cross) else "never in range"
-            out.append(Crossover(collective=coll, payload=payload, precision=prec, crossover_bytes=cross, note=note).as_dict())
+            note = "" if cross is not None else ("never in range" if lose_last else "not significant")
+            out.append(
+                Crossover(
+                    collective=coll, payload=payload, precision=prec, crossover_bytes=cross, note=note,
+                    gain_at_largest=gain[0], gain_at_largest_ci_low=gain[1], gain_at_largest_ci_high=gain[2],
+                ).as_dict()
+            )  # fmt: skip
     return out

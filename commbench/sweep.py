@@ -1,10 +1,12 @@
 """The sweep: drives the collective x precision x size grid on every rank and yields one record per point
 (a :class:`~commbench.records.CollectivePoint`).
 
-For each point: a correctness pass on exactly representable inputs (``wrong``, as nccl-tests -c), an error
-pass on the chosen payload distribution against a float64 reference computed locally from every rank's
-inputs (each rank regenerates its peers' inputs from their seeds: no communication, an independent check),
-then encode / comm / decode timed separately by the timing core.
+Points are run by **groups**: every precision of one (collective, size). Each point first gets its correctness
+and error passes (:mod:`commbench.check`); then the group's precisions are timed together in alternating rounds
+(:func:`commbench.timing.measure_rounds`) until each point's 95 % interval is narrow enough or the group's budget
+is spent, so every ratio against fp32 is computed from pairs measured in the same round (:mod:`commbench.stats`).
+Where a codec precision reaches its result through another algorithm than fp32 (reductions over all_to_all), fp32
+through that algorithm (``fp32_chunked``) joins the group, and a codec's gain splits into algorithm and precision.
 """
 
 from __future__ import annotations
@@ -12,20 +14,26 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import signal
+import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
-from commbench.check import check_point
+from commbench import stats
+from commbench.check import Check, check_point
 from commbench.collectives import Collective, Layout, get_collective
 from commbench.config import SuiteConfig
 from commbench.launch import Dist
 from commbench.precision import Precision, get_precision
+from commbench.raw_codec import NAME as ALGORITHM_BASELINE
 from commbench.records import CollectivePoint
-from commbench.timing import Measurement, Stats, bandwidth_gbps, measure
+from commbench.timing import Rounds, bandwidth_gbps, measure_rounds, percentile
+
+BASELINE = "fp32"
+"""Every gain is against this precision at the same size (when the suite runs it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +41,16 @@ class Point:
     collective: Collective
     precision: Precision
     fp32_bytes: int
+
+
+@dataclass(slots=True)
+class Group:
+    """Every point of one (collective, size): timed together, in alternating rounds."""
+
+    collective: Collective
+    fp32_bytes: int
+    points: list[tuple[int, Point]] = field(default_factory=list)
+    """(run-order index, point) in precision order."""
 
 
 def _fault_hook(rank: int, index: int) -> None:
@@ -50,23 +68,43 @@ def _fault_hook(rank: int, index: int) -> None:
 
 
 class Sweep:
-    """Runs points on one rank; every rank runs the same points in the same order."""
+    """Runs groups of points on one rank; every rank runs the same points in the same order."""
 
     def __init__(self, suite: SuiteConfig, d: Dist) -> None:
         self.suite = suite
         self.d = d
 
-    def points(self) -> list[Point]:
-        pts = []
+    def _precisions(self, coll: Collective) -> list[Precision]:
+        precs = [get_precision(p) for p in self.suite.precisions]
+        precs = [p for p in precs if p.supports(coll, self.d.backend)]
+        names = {p.name for p in precs}
+        # The algorithm/precision split needs fp32 through the codecs' algorithm, where that algorithm differs
+        # from the backend's own: a reduction done as exchange + local sum instead of by the backend.
+        if BASELINE in names and ALGORITHM_BASELINE not in names and coll.reduces and any(p.chunked for p in precs):
+            extra = get_precision(ALGORITHM_BASELINE)
+            if extra.supports(coll, self.d.backend):
+                precs.append(extra)
+        return precs
+
+    def groups(self) -> list[Group]:
+        """Groups in run order: collective, then size; inside a group, the suite's precision order."""
+        out: list[Group] = []
+        index = 0
         for c in self.suite.collectives:
             coll = get_collective(c)
-            for p in self.suite.precisions:
-                prec = get_precision(p)
-                if not prec.supports(coll, self.d.backend):
-                    continue
-                for s in self.suite.sizes():
-                    pts.append(Point(coll, prec, s))
-        return pts
+            precs = self._precisions(coll)
+            if not precs:
+                continue
+            for s in self.suite.sizes():
+                g = Group(coll, s)
+                for prec in precs:
+                    g.points.append((index, Point(coll, prec, s)))
+                    index += 1
+                out.append(g)
+        return out
+
+    def points(self) -> list[Point]:
+        return [pt for g in self.groups() for _, pt in g.points]
 
     def skipped(self) -> list[tuple[str, str]]:
         """(collective, precision) pairs the backend cannot run."""
@@ -77,51 +115,106 @@ class Sweep:
                     out.append((c, p))
         return out
 
-    def layout(self, pt: Point) -> Layout | None:
+    def layout(self, coll: Collective, fp32_bytes: int) -> Layout | None:
         n = self.d.world_size
-        total = pt.collective.round_total(pt.fp32_bytes // 4, n)
+        total = coll.round_total(fp32_bytes // 4, n)
         if total < n:
             return None
-        return pt.collective.layout(total, n)
+        return coll.layout(total, n)
 
-    def run_point(self, pt: Point, index: int) -> CollectivePoint | None:
-        _fault_hook(self.d.rank, index)
-        layout = self.layout(pt)
+    def run_group(self, group: Group, todo: set[int] | None = None) -> list[tuple[int, CollectivePoint]]:
+        """Check and time every point of ``group``; records of the points in ``todo`` (all when None).
+
+        Points already finished (``--resume``) are timed again when a point still to do needs them as its
+        pair partner, but not recorded twice.
+        """
+        d, suite, coll = self.d, self.suite, group.collective
+        layout = self.layout(coll, group.fp32_bytes)
         if layout is None:
-            return None
-        d, suite, coll, prec = self.d, self.suite, pt.collective, pt.precision
-        op = prec.make_op(coll, layout, None, d.device)
-
-        chk = check_point(d, suite, coll, prec, layout, op, pt.fp32_bytes)
-        mine = chk.timing_input
-        wrong_total, tol, rel_err, max_abs = chk.wrong, chk.tolerance, chk.rel_err, chk.max_abs_err
-
+            return []
+        ops, checks = [], []
+        for index, pt in group.points:
+            _fault_hook(d.rank, index)
+            op = pt.precision.make_op(coll, layout, None, d.device)
+            checks.append(check_point(d, suite, coll, pt.precision, layout, op, pt.fp32_bytes))
+            ops.append(op)
         # Timing on the payload (in-place collectives keep summing into the buffer: like nccl-tests in-place).
-        op.load(mine.to(device=d.device, dtype=prec.input_dtype))
-        op.encode()
+        contenders = []
+        for (_, pt), op, chk in zip(group.points, ops, checks, strict=True):
+            op.load(chk.timing_input.to(device=d.device, dtype=pt.precision.input_dtype))
+            op.encode()
+            contenders.append([op.encode, op.comm, op.decode] if op.has_codec else [op.comm])
         t = suite.timing
+        rounds = measure_rounds(
+            contenders,
+            warmup=t.warmup,
+            min_time_s=t.min_time_s,
+            min_iters=t.min_iters,
+            max_iters=t.max_iters,
+            min_rounds=t.repeats,
+            max_rounds=max(t.max_samples, t.repeats),
+            target_rel_ci=t.target_ci,
+            budget_s=t.budget_s,
+            gather=d.gather_floats,
+            sync=d.sync,
+            agree=d.agree_max,
+            barrier=d.barrier,
+        )
+        names = [pt.precision.name for _, pt in group.points]
+        totals = [rounds.per_sample_total(c) for c in range(len(ops))]
+        base = names.index(BASELINE) if BASELINE in names else None
+        algo = names.index(ALGORITHM_BASELINE) if ALGORITHM_BASELINE in names else None
+        out = []
+        for c, ((index, pt), op, chk) in enumerate(zip(group.points, ops, checks, strict=True)):
+            if todo is not None and index not in todo:
+                continue
+            gain = algo_gain = prec_gain = None
+            if base is not None:
+                gain = stats.paired_ratio_ci(totals[base], totals[c])
+                if algo is not None and pt.precision.chunked and c != algo:
+                    algo_gain = stats.paired_ratio_ci(totals[base], totals[algo])
+                    prec_gain = stats.paired_ratio_ci(totals[algo], totals[c])
+            out.append((index, self._record(pt, layout, op.wire_bytes, op.has_codec, chk, rounds, c, gain, algo_gain, prec_gain)))
+        return out
 
-        def timed(fn: Callable[[], None]) -> Measurement:
-            return measure(
-                fn,
-                warmup=t.warmup,
-                min_time_s=t.min_time_s,
-                repeats=t.repeats,
-                max_iters=t.max_iters,
-                sync=d.sync,
-                agree=d.agree_max,
-                barrier=d.barrier,
-            )
-
-        enc = timed(op.encode) if op.has_codec else None
-        comm = timed(op.comm)
-        dec = timed(op.decode) if op.has_codec else None
-        comm_stats = Stats.from_ranks(d.gather_floats(comm.samples))
-        enc_us = Stats.from_ranks(d.gather_floats(enc.samples)).time_us if enc else 0.0
-        dec_us = Stats.from_ranks(d.gather_floats(dec.samples)).time_us if dec else 0.0
-        total_us = enc_us + comm_stats.time_us + dec_us
+    def _record(
+        self,
+        pt: Point,
+        layout: Layout,
+        wire_bytes: int,
+        has_codec: bool,
+        chk: Check,
+        r: Rounds,
+        c: int,
+        gain: stats.Estimate | None,
+        algo_gain: stats.Estimate | None,
+        prec_gain: stats.Estimate | None,
+    ) -> CollectivePoint:
+        d, suite, coll, prec = self.d, self.suite, pt.collective, pt.precision
+        comm_phase = 1 if has_codec else 0
+        comm = stats.median_ci(r.per_sample(c, comm_phase))
+        total = stats.median_ci(r.per_sample_total(c))
+        enc_s = statistics.median(r.per_sample(c, 0)) if has_codec else 0.0
+        dec_s = statistics.median(r.per_sample(c, 2)) if has_codec else 0.0
+        per_rank = r.samples[c][comm_phase]
+        medians = [statistics.median(x) for x in per_rank]
+        pooled = [v for x in per_rank for v in x]
+        mean = statistics.fmean(pooled)
+        cv = statistics.pstdev(pooled) / mean if mean > 0 and len(pooled) > 1 else 0.0
+        bus = coll.bus_factor(d.world_size)
         fp32_bytes = layout.total * 4
-        algbw = bandwidth_gbps(op.wire_bytes, comm_stats.time_us)
+
+        def us(x: float) -> float:
+            return x * 1e6
+
+        def bw(nbytes: int, seconds: float) -> float:
+            return bandwidth_gbps(nbytes, us(seconds))
+
+        algbw = bw(wire_bytes, comm.value)
+        g = gain if gain is not None else stats.Estimate(float("nan"), float("nan"), float("nan"), 0)
+        ag = algo_gain if algo_gain is not None else stats.Estimate(float("nan"), float("nan"), float("nan"), 0)
+        pg = prec_gain if prec_gain is not None else stats.Estimate(float("nan"), float("nan"), float("nan"), 0)
+        is_base = prec.name == BASELINE
         return CollectivePoint(
             collective=coll.name,
             precision=prec.name,
@@ -132,39 +225,64 @@ class Sweep:
             nodes=d.nodes,
             payload=suite.payload,
             dtype=prec.nccl_type,
-            size_bytes=op.wire_bytes,
+            size_bytes=wire_bytes,
             count=layout.count,
             fp32_bytes=pt.fp32_bytes,
-            wire_bytes=op.wire_bytes,
-            time_us=comm_stats.time_us,
-            time_us_max=comm_stats.time_us_max,
-            p50_us=comm_stats.p50_us,
-            p95_us=comm_stats.p95_us,
-            cv=comm_stats.cv,
-            rank_spread=comm_stats.rank_spread,
-            iters=comm.iters,
-            samples=len(comm.samples),
+            wire_bytes=wire_bytes,
+            time_us=us(comm.value),
+            time_ci_low_us=us(comm.low),
+            time_ci_high_us=us(comm.high),
+            time_us_max=us(max(medians)),
+            p50_us=us(percentile(pooled, 50)),
+            p95_us=us(percentile(pooled, 95)),
+            cv=cv,
+            rank_spread=max(medians) / min(medians) - 1.0 if min(medians) > 0 else 0.0,
+            iters=r.iters[c][comm_phase],
+            samples=r.rounds,
+            ci_coverage=comm.coverage,
+            noisy=total.rel_half_width > suite.timing.target_ci,
             algbw_gbps=algbw,
-            busbw_gbps=algbw * coll.bus_factor(d.world_size),
-            encode_us=enc_us,
-            comm_us=comm_stats.time_us,
-            decode_us=dec_us,
-            total_us=total_us,
-            effective_gbps=bandwidth_gbps(fp32_bytes, total_us),
-            wrong=wrong_total,
-            tolerance=tol,
-            rel_err=rel_err,
-            max_abs_err=max_abs,
+            busbw_gbps=algbw * bus,
+            busbw_ci_low_gbps=bw(wire_bytes, comm.high) * bus,
+            busbw_ci_high_gbps=bw(wire_bytes, comm.low) * bus,
+            encode_us=us(enc_s),
+            comm_us=us(comm.value),
+            decode_us=us(dec_s),
+            total_us=us(total.value),
+            total_ci_low_us=us(total.low),
+            total_ci_high_us=us(total.high),
+            effective_gbps=bw(fp32_bytes, total.value),
+            effective_ci_low_gbps=bw(fp32_bytes, total.high),
+            effective_ci_high_gbps=bw(fp32_bytes, total.low),
+            gain_vs_fp32=1.0 if is_base else g.value,
+            gain_ci_low=1.0 if is_base else g.low,
+            gain_ci_high=1.0 if is_base else g.high,
+            gain_significant=False if is_base else (stats.significant(g) if gain is not None else None),
+            algo_gain=ag.value,
+            algo_gain_ci_low=ag.low,
+            algo_gain_ci_high=ag.high,
+            precision_gain=pg.value,
+            precision_gain_ci_low=pg.low,
+            precision_gain_ci_high=pg.high,
+            wrong=chk.wrong,
+            tolerance=chk.tolerance,
+            rel_err=chk.rel_err,
+            max_abs_err=chk.max_abs_err,
             timestamp=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         )
 
 
-def iter_points(sweep: Sweep, done: set[tuple[Any, ...]]) -> Iterator[tuple[int, Point]]:
-    """Points still to run (``done`` holds POINT_KEY tuples of finished rows, for --resume)."""
-    for i, pt in enumerate(sweep.points()):
-        key = (pt.collective.name, pt.precision.name, sweep.suite.payload, pt.fp32_bytes)
-        if key not in done:
-            yield i, pt
+def iter_groups(sweep: Sweep, done: set[tuple[Any, ...]]) -> Iterator[tuple[Group, set[int]]]:
+    """Groups with points still to run and the indices of those points (``done`` holds POINT_KEY tuples of
+    finished rows, for --resume)."""
+    for g in sweep.groups():
+        todo = {i for i, pt in g.points if (pt.collective.name, pt.precision.name, sweep.suite.payload, pt.fp32_bytes) not in done}
+        if todo:
+            yield g, todo
+
+
+def count_points(groups: Sequence[tuple[Group, set[int]]]) -> int:
+    return sum(len(todo) for _, todo in groups)
 
 
 def agree_done(d: Dist, done: set[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
