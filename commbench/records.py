@@ -162,7 +162,7 @@ class CollectivePoint(Record):
     fp32_bytes: int = col("the same size in fp32 bytes: what the user's tensor holds")
     wire_bytes: int = col("bytes the collective moved per nccl-tests size definition, scales included")
     time_us: float = col("per-op collective time, microseconds: median over samples of the mean over ranks of each sample")
-    time_us_max: float = col("slowest rank's median per-op time, microseconds")
+    time_us_max: float = col("median over samples of the slowest rank's per-op time, microseconds (>= time_us)")
     time_ci_low_us: float = col("lower end of the 95 % confidence interval of time_us, microseconds", NAN)
     time_ci_high_us: float = col("upper end of the 95 % confidence interval of time_us, microseconds", NAN)
     p50_us: float = col("median per-op time over every sample of every rank, microseconds")

@@ -193,11 +193,17 @@ class Sweep:
         d, suite, coll, prec = self.d, self.suite, pt.collective, pt.precision
         comm_phase = 1 if has_codec else 0
         comm = stats.median_ci(r.per_sample(c, comm_phase))
-        total = stats.median_ci(r.per_sample_total(c))
         enc_s = statistics.median(r.per_sample(c, 0)) if has_codec else 0.0
         dec_s = statistics.median(r.per_sample(c, 2)) if has_codec else 0.0
+        # total = the phases' medians summed (so encode + comm + decode = total in every row); its interval is
+        # the per-round totals' interval, scaled to that centre
+        per_round = stats.median_ci(r.per_sample_total(c))
+        total_s = enc_s + comm.value + dec_s
+        scale = total_s / per_round.value if per_round.value > 0 else float("nan")
+        total = stats.Estimate(total_s, per_round.low * scale, per_round.high * scale, per_round.n, per_round.coverage)
         per_rank = r.samples[c][comm_phase]
         medians = [statistics.median(x) for x in per_rank]
+        slowest = statistics.median(max(vals) for vals in zip(*per_rank, strict=True))
         pooled = [v for x in per_rank for v in x]
         mean = statistics.fmean(pooled)
         cv = statistics.pstdev(pooled) / mean if mean > 0 and len(pooled) > 1 else 0.0
@@ -232,7 +238,7 @@ class Sweep:
             time_us=us(comm.value),
             time_ci_low_us=us(comm.low),
             time_ci_high_us=us(comm.high),
-            time_us_max=us(max(medians)),
+            time_us_max=us(max(slowest, comm.value)),
             p50_us=us(percentile(pooled, 50)),
             p95_us=us(percentile(pooled, 95)),
             cv=cv,
