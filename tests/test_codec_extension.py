@@ -206,11 +206,10 @@ def _world(rank: int, n: int) -> dict[str, Any]:
         host="h", hosts=("h",) * n, threads=1,
     )  # fmt: skip
     sweep = Sweep(suite, d)
-    rows = [sweep.run_point(pt, i) for i, pt in enumerate(sweep.points())]
+    rows = [r for g in sweep.groups() for _, r in sweep.run_group(g)]
     out["rows"] = [
         {k: getattr(r, k) for k in ("collective", "precision", "impl", "wire_bytes", "wrong", "algbw_gbps", "busbw_gbps")}
         for r in rows
-        if r is not None
     ]
     out["ordered_last"] = list(COLLECTIVES)[-1]
 
