@@ -108,9 +108,13 @@ def run_side(tree: Path, suite: Path, out: Path, timeout_s: float) -> None:
     )
     try:
         text, _ = proc.communicate(timeout=timeout_s)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)  # the group this Popen created, nothing else
+    except BaseException as e:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group this Popen created (launcher + its ranks), nothing else
         proc.wait()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise SystemExit(
+                f"bench_hook_overlap: a run in {tree} took over {timeout_s:g} s (--timeout); killed"
+            ) from None
         raise
     if proc.returncode != 0:
         raise SystemExit(f"bench_hook_overlap: `{' '.join(cmd)}` in {tree} exited {proc.returncode}:\n{text}")
