@@ -4,7 +4,6 @@ rank exits 1. ``sys.exit`` happens only in ``__main__``."""
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import sys
@@ -99,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="compare two or more run directories")
     cmp_.add_argument("run_dirs", type=Path, nargs="+")
     cmp_.add_argument("--labels", type=_csv_list, help="one label per run, comma-separated")
-    cmp_.add_argument("--out", type=Path, help="output directory (default results/compare-<UTC time>)")
+    cmp_.add_argument("--out", type=Path, help="output directory (default: compare-<A>-vs-<B> next to the first run)")
+    cmp_.add_argument(
+        "--min-effect", type=float, default=0.0,
+        help="also require a ratio to differ from 1 by at least this fraction to be significant (default 0)",
+    )  # fmt: skip
 
     imp = sub.add_parser("import", help="import another tool's output into a run directory")
     imp.add_argument("tool", choices=["nccl-tests"])
@@ -268,7 +271,7 @@ def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
-    from commbench.compare import compare_runs, compare_warnings
+    from commbench.compare import compare_runs, compare_warnings, console_lines
     from commbench.results import load_metadata
 
     if len(args.run_dirs) < 2:
@@ -277,12 +280,16 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
         load_metadata(r)
     if args.labels is not None and len(args.labels) != len(args.run_dirs):
         raise CLIError(f"--labels has {len(args.labels)} labels for {len(args.run_dirs)} runs")
-    out = args.out or Path("results") / f"compare-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+    # next to the runs compared (the first one's parent), never into the caller's working directory
+    first = Path(args.run_dirs[0]).resolve()
+    names = "-vs-".join(Path(d).resolve().name for d in args.run_dirs[:3])
+    out = args.out or first.parent / f"compare-{names}"
     for w in compare_warnings(args.run_dirs, args.labels):
         print(f"commbench: warning: {w}", file=sys.stderr)
-    paths = compare_runs(args.run_dirs, args.labels, out)
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    paths = compare_runs(args.run_dirs, args.labels, out, min_effect=args.min_effect)
+    for line in console_lines(paths["csv"]):
+        print(line)
+    print(f"# compare: {paths['html']} (also compare.md, compare.csv)")
     return 0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from commbench import report
+from commbench import report, stats
 from commbench.plots import FigureRegistry, grid, log2_size_axis, log_y_axis, no_math
 from commbench.report import Table, fmt
 from commbench.rundata import COLLECTIVE_ORDER, FP32_PRECISION, RunData, human_size, load_run, order, speed_rows
@@ -32,6 +32,7 @@ __all__ = [
     "aligned",
     "compare_runs",
     "compare_warnings",
+    "ratio_frame",
     "ratio_table",
     "resolve_labels",
 ]
@@ -111,7 +112,11 @@ def _points(run: RunData) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=[*ALIGN_KEYS, "busbw_gbps", "time_us", "effective_gbps"])
     df = speed_rows(df)
-    vals = [c for c in ("busbw_gbps", "time_us", "algbw_gbps", "effective_gbps") if c in df.columns]
+    vals = [
+        c
+        for c in ("busbw_gbps", "time_us", "time_ci_low_us", "time_ci_high_us", "algbw_gbps", "effective_gbps")
+        if c in df.columns
+    ]
     d = df[ALIGN_KEYS + vals].copy()
     for c in vals:
         d[c] = pd.to_numeric(d[c], errors="coerce")
@@ -179,12 +184,114 @@ def _gmean(x: pd.Series) -> float:
     return float(np.exp(np.log(x).mean())) if len(x) else math.nan
 
 
-def summary_table(al: pd.DataFrame, labels: list[str]) -> Table:
+def _estimate(r: Any, lab: str) -> stats.Estimate:
+    t = float(r.get(f"time_us|{lab}", math.nan))
+    lo = float(r.get(f"time_ci_low_us|{lab}", math.nan))
+    hi = float(r.get(f"time_ci_high_us|{lab}", math.nan))
+    return stats.Estimate(t, lo, hi, 0)
+
+
+def _heterogeneity(logr: np.ndarray, se: np.ndarray) -> float:
+    """DerSimonian-Laird between-point variance of log ratios beyond their own intervals (0 when none).
+
+    Identical runs on a shared machine differ point to point by more than each point's own interval says
+    (load comes and goes between runs); this excess spread, estimated within each collective x precision
+    family, widens every interval of the family, so the comparison does not call that noise a difference.
+    """
+    ok = np.isfinite(logr) & np.isfinite(se) & (se > 0)
+    logr, se = logr[ok], se[ok]
+    k = len(logr)
+    if k < 2:
+        return 0.0
+    w = 1.0 / se**2
+    m = float((w * logr).sum() / w.sum())
+    q = float((w * (logr - m) ** 2).sum())
+    c = float(w.sum() - (w**2).sum() / w.sum())
+    return max(0.0, (q - (k - 1)) / c) if c > 0 else 0.0
+
+
+def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) -> pd.DataFrame:
+    """One row per aligned point and run B: time B/A with its 95 % interval and whether it is significant.
+
+    Each run's interval of the point's time is combined in log space (`stats.ratio_of`), widened by the
+    family's between-point heterogeneity (`_heterogeneity`); a ratio is significant when its interval
+    excludes 1 (and ``[1/(1+min_effect), 1+min_effect]``). Points without intervals (nccl-tests imports)
+    get a ratio but no verdict.
+    """
+    a = labels[0]
+    rows: list[dict[str, Any]] = []
+    if al.empty:
+        return pd.DataFrame(columns=COMPARE_COLUMNS)
+    for b in labels[1:]:
+        for (coll, prec), g in al.groupby(["collective", "precision"], sort=False):
+            g = g.sort_values("size_bytes")
+            ests = [stats.ratio_of(_estimate(r, b), _estimate(r, a)) for _, r in g.iterrows()]
+            logr = np.array([math.log(e.value) if e.value > 0 else math.nan for e in ests])
+            se = np.array(
+                [(math.log(e.high) - math.log(e.low)) / (2 * stats.Z95) if e.low > 0 else math.nan for e in ests]
+            )
+            tau2 = _heterogeneity(logr, se)
+            for (_, r), lr, s_ in zip(g.iterrows(), logr, se, strict=True):
+                ta, tb = float(r.get(f"time_us|{a}", math.nan)), float(r.get(f"time_us|{b}", math.nan))
+                ratio = tb / ta if ta > 0 else math.nan
+                if math.isfinite(s_):
+                    half = stats.Z95 * math.sqrt(s_**2 + tau2)
+                    est = stats.Estimate(math.exp(lr), math.exp(lr - half), math.exp(lr + half), 0)
+                    sig: bool | None = stats.significant(est, min_effect)
+                    lo, hi = est.low, est.high
+                else:
+                    sig, lo, hi = None, math.nan, math.nan
+                if sig is None:
+                    verdict = "no interval"
+                elif not sig:
+                    verdict = "no significant difference"
+                else:
+                    verdict = f"{b} faster" if hi < 1 else f"{b} slower"
+                rows.append(
+                    {
+                        "collective": coll, "precision": prec, "size_bytes": int(r["size_bytes"]),
+                        "baseline": a, "run": b, "time_us_baseline": ta, "time_us_run": tb,
+                        "time_ratio": ratio, "time_ratio_ci_low": lo, "time_ratio_ci_high": hi,
+                        "busbw_ratio": 1.0 / ratio if ratio > 0 else math.nan,
+                        "significant": sig, "verdict": verdict,
+                    }
+                )  # fmt: skip
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+COMPARE_COLUMNS = [
+    "collective", "precision", "size_bytes", "baseline", "run", "time_us_baseline", "time_us_run",
+    "time_ratio", "time_ratio_ci_low", "time_ratio_ci_high", "busbw_ratio", "significant", "verdict",
+]  # fmt: skip
+"""Columns of compare.csv: time_ratio = run / baseline (< 1: the run is faster), with its 95 % interval."""
+
+
+def significance_table(rf: pd.DataFrame) -> Table:
+    """compare.csv as a table: every aligned point's time ratio with its interval and verdict."""
+    cols = ["collective", "precision", "size", "run", "time B/A", "95 % CI", "busbw B/A", "verdict"]
+    rows = []
+    for _, r in rf.iterrows():
+        ci = f"{fmt(r['time_ratio_ci_low'])}–{fmt(r['time_ratio_ci_high'])}" if pd.notna(r["time_ratio_ci_low"]) else "n/a"
+        rows.append(
+            [str(r["collective"]), str(r["precision"]), human_size(float(r["size_bytes"])), str(r["run"]),
+             fmt(r["time_ratio"]), ci, fmt(r["busbw_ratio"]), str(r["verdict"])]
+        )  # fmt: skip
+    return Table(
+        "significance",
+        "Ratios with their 95 % intervals (time B/A < 1: B is faster; a verdict only when the interval excludes 1)",
+        cols,
+        rows,
+        "Intervals combine both runs' intervals of the point's time in log space, widened by the spread between "
+        "points beyond those intervals (DerSimonian-Laird, per collective and precision).",
+    )
+
+
+def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None = None) -> Table:
     """Geometric-mean ratios per collective x precision (the right mean for ratios)."""
     a = labels[0]
     cols = ["collective", "precision", "points"]
     for b in labels[1:]:
-        cols += [f"busbw {b}/{a} (geomean)", f"time {b}/{a} (geomean)", f"busbw {b}/{a} @ largest"]
+        cols += [f"busbw {b}/{a} (geomean)", f"time {b}/{a} (geomean)", "95 % CI", "verdict", f"busbw {b}/{a} @ largest"]
     rows = []
     if len(al):
         corder = order(al["collective"].unique(), COLLECTIVE_ORDER)
@@ -197,7 +304,21 @@ def summary_table(al: pd.DataFrame, labels: list[str]) -> Table:
             for b in labels[1:]:
                 bus = g[f"busbw_gbps|{b}"] / g[f"busbw_gbps|{a}"]
                 tim = g[f"time_us|{b}"] / g[f"time_us|{a}"]
-                row += [fmt(_gmean(bus)), fmt(_gmean(tim)), fmt(float(bus.iloc[-1]))]
+                ci, verdict = "n/a", "no interval"
+                if rf is not None and len(rf):
+                    fam = rf[(rf["collective"] == coll) & (rf["precision"] == prec) & (rf["run"] == b)]
+                    gm = stats.geometric_mean_ci(
+                        [stats.Estimate(float(x.time_ratio), float(x.time_ratio_ci_low), float(x.time_ratio_ci_high), 0)
+                         for x in fam.itertuples() if pd.notna(x.time_ratio_ci_low)]
+                    )  # fmt: skip
+                    if gm.n:
+                        ci = f"{fmt(gm.low)}–{fmt(gm.high)}"
+                        verdict = (
+                            (f"{b} faster" if gm.high < 1 else f"{b} slower")
+                            if stats.significant(gm)
+                            else "no significant difference"
+                        )
+                row += [fmt(_gmean(bus)), fmt(_gmean(tim)), ci, verdict, fmt(float(bus.iloc[-1]))]
             rows.append(row)
     return Table("ratio-summary", f"Summary: ratios against {a}", cols, rows)
 
@@ -274,7 +395,9 @@ def fig_compare_latency(c: Comparison) -> Figure | None:
     return _overlay(c.aligned, c.labels, "time_us", "time per op (us)", "Latency", True)
 
 
-def compare_runs(run_dirs: list[Path], labels: list[str] | None, out_dir: Path) -> dict[str, Path]:
+def compare_runs(
+    run_dirs: list[Path], labels: list[str] | None, out_dir: Path, min_effect: float = 0.0
+) -> dict[str, Path]:
     """Write compare.html, compare.md and plots/compare_*.png|svg into out_dir.
 
     Returns {"html": ..., "md": ..., "<figure>.<fmt>": ...}; `compare_warnings` gives the warnings
@@ -290,17 +413,39 @@ def compare_runs(run_dirs: list[Path], labels: list[str] | None, out_dir: Path) 
     # no plots/ folder when nothing aligns: the documents say so, and there is nothing to draw.
     written = COMPARE_FIGURES.write(Comparison(al, labs), out / "plots") if not al.empty else {}
     figures = [(n, COMPARE_FIGURES[n].caption, p["png"], p.get("svg")) for n, p in written.items()]
+    rf = ratio_frame(al, labs, min_effect)
+    from commbench.results import atomic_write_text
+
+    atomic_write_text(out / "compare.csv", rf.to_csv(index=False))
     sections = [
         ("runs", "Runs", [runs_table(runs, labs)]),
-        ("summary", "Summary", [summary_table(al, labs)]),
+        ("summary", "Summary", [summary_table(al, labs, rf)]),
+        ("significance", "Ratios and significance", [significance_table(rf)]),
         ("full", "Aligned points", [ratio_table(al, labs)]),
     ]
     title = f"commbench comparison: {' vs '.join(labs)}"
     html_path, md_path = out / "compare.html", out / "compare.md"
     html_path.write_text(report.render_html(title, sections, figures, None, warns), encoding="utf-8")
     md_path.write_text(report.render_markdown(title, sections, figures, None, out, warns), encoding="utf-8")
-    result: dict[str, Path] = {"html": html_path, "md": md_path}
+    result: dict[str, Path] = {"html": html_path, "md": md_path, "csv": out / "compare.csv"}
     for name, paths in written.items():
         for f, p in paths.items():
             result[f"{name}.{f}"] = p
     return result
+
+
+def console_lines(compare_csv: Path, width: int | None = None) -> list[str]:
+    """compare.csv as console lines: one per point, ratio with interval and verdict, then a count."""
+    rf = pd.read_csv(compare_csv)
+    if rf.empty:
+        return ["# compare: the runs have no point in common"]
+    out = [f"# {'collective':<15} {'precision':<14} {'size':>8} {'run':<12} {'time B/A':>8} {'95 % CI':>13}  verdict"]
+    for r in rf.itertuples():
+        ci = f"{r.time_ratio_ci_low:.2f}-{r.time_ratio_ci_high:.2f}" if pd.notna(r.time_ratio_ci_low) else "n/a"
+        out.append(
+            f"  {str(r.collective)[:15]:<15} {str(r.precision)[:14]:<14} {human_size(float(r.size_bytes)):>8} "
+            f"{str(r.run)[:12]:<12} {r.time_ratio:>8.3f} {ci:>13}  {r.verdict}"
+        )
+    sig = rf["significant"].map(lambda v: v is True or str(v) == "True")
+    out.append(f"# {int(sig.sum())} of {len(rf)} ratios significant (95 % interval excludes 1)")
+    return out

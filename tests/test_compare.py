@@ -95,7 +95,7 @@ def test_compare_with_imported_nccl_tests(tmp_path: Path) -> None:
     out = compare.compare_runs([a, b], ["cpu", "h100"], tmp_path / "out")
     # the four fp32 all_reduce sizes align (the import's in/out-of-place rows enter as their median)
     rows = [ln for ln in out["md"].read_text().splitlines() if ln.startswith("| all_reduce | fp32 | ")]
-    assert len(rows) == 1 + 4  # summary row + 4 aligned points
+    assert len(rows) == 1 + 4 + 4  # summary row + 4 significance rows + 4 aligned points
 
 
 def test_bad_input(tmp_path: Path) -> None:
@@ -142,3 +142,55 @@ def test_a_compare_figure_registered_here_appears_in_the_comparison(tmp_path: Pa
     assert list(k for k in out if k.endswith(".png")) == ["compare_busbw.png", "compare_latency.png", "compare_toy.png"]
     assert caption in out["html"].read_text()
     assert "(plots/compare_toy.png)" in out["md"].read_text()
+
+
+# --- significance (issue: the same question gives the same answer) ------------------------------------------
+
+
+def _aligned(times_a: list[float], times_b: list[float], rel_ci: float) -> pd.DataFrame:
+    rows = []
+    for i, (ta, tb) in enumerate(zip(times_a, times_b, strict=True)):
+        row: dict[str, object] = {"collective": "all_reduce", "precision": "fp32", "size_bytes": 1024 * 4**i}
+        for lab, t in (("A", ta), ("B", tb)):
+            row[f"time_us|{lab}"] = t
+            row[f"time_ci_low_us|{lab}"] = t * (1 - rel_ci)
+            row[f"time_ci_high_us|{lab}"] = t * (1 + rel_ci)
+            row[f"busbw_gbps|{lab}"] = 1.0 / t
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_ratio_frame_flags_a_real_slowdown_and_not_identical_runs() -> None:
+    from commbench.compare import ratio_frame
+
+    a = [100.0, 200.0, 400.0, 800.0]
+    slow = ratio_frame(_aligned(a, [2 * t for t in a], 0.02), ["A", "B"])
+    assert list(slow["verdict"]) == ["B slower"] * 4
+    assert slow["time_ratio"].tolist() == pytest.approx([2.0] * 4)
+    # the interval of a ratio of two ±2 % estimates: exp(±1.96 * sqrt(2) * se), se = log(1.02/0.98) / 3.92
+    se = (math.log(1.02) - math.log(0.98)) / (2 * 1.959963984540054)
+    assert slow["time_ratio_ci_high"].iloc[0] == pytest.approx(2.0 * math.exp(1.959963984540054 * math.sqrt(2) * se))
+    same = ratio_frame(_aligned(a, a, 0.02), ["A", "B"])
+    assert not same["significant"].any()
+    assert set(same["verdict"]) == {"no significant difference"}
+
+
+def test_ratio_frame_widens_intervals_by_the_spread_between_points() -> None:
+    from commbench.compare import ratio_frame
+
+    # B scatters +-10 % around A point by point, far beyond each point's +-1 % interval: that is noise between
+    # runs, and a family-wide heterogeneity term keeps it from being called a difference
+    a = [100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0]
+    b = [t * f for t, f in zip(a, [1.1, 0.9, 1.1, 0.9, 1.1, 0.9], strict=True)]
+    rf = ratio_frame(_aligned(a, b, 0.01), ["A", "B"])
+    assert not rf["significant"].any()
+
+
+def test_ratio_frame_without_intervals_gives_no_verdict() -> None:
+    from commbench.compare import ratio_frame
+
+    al = _aligned([100.0], [150.0], 0.02)
+    al["time_ci_low_us|A"] = math.nan
+    rf = ratio_frame(al, ["A", "B"])
+    assert rf["significant"].iloc[0] is None and rf["verdict"].iloc[0] == "no interval"
+    assert rf["time_ratio"].iloc[0] == pytest.approx(1.5)
