@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from commbench import stats
 from commbench.training import pitfalls as pitfalls_mod
 from commbench.training.comm import CommCounter, dtype_name, wire_bytes
 from commbench.training.config import TrainingConfig
@@ -447,6 +448,13 @@ def build_rows(
     final = run.steps[-1] if run.steps else None
     gdrifts = [abs(row.grad_norm_drift) for row in step_rows if math.isfinite(row.grad_norm_drift)]
     base_summary = _base_numbers(baseline, section, n) if baseline is not None else {}
+    # Step times are sampled policy after policy, so the speed-up is an unpaired ratio of the two medians'
+    # order-statistic intervals (commbench.stats), not a paired one.
+    step_ci = stats.median_ci(times)
+    speedup = stats.Estimate(math.nan, math.nan, math.nan, 0)
+    if baseline is not None:
+        base_ci = stats.median_ci([r.step_time_us for r in baseline.steps if not r.warmup])
+        speedup = stats.invert(stats.ratio_of(step_ci, base_ci)) if baseline is not run else stats.Estimate(1.0, 1.0, 1.0, 0)
     summary = TrainingSummary(
         **{
         "policy": p.name,
@@ -462,6 +470,8 @@ def build_rows(
         "warmup_steps": int(section.warmup_steps),
         "step_time_us_p50": p50,
         "step_time_us_p95": p95,
+        "step_time_us_ci_low": step_ci.low,
+        "step_time_us_ci_high": step_ci.high,
         "samples_per_s": samples,
         "tokens_per_s": samples * tokens_per_sample(section),
         "peak_mem_bytes": run.peak_mem_bytes,
@@ -480,6 +490,9 @@ def build_rows(
         "nonfinite_steps": nonfinite,
         "underflow_frac": underflow,
         "speedup_vs_fp32": _ratio(base_summary.get("p50", math.nan), p50),
+        "speedup_ci_low": speedup.low,
+        "speedup_ci_high": speedup.high,
+        "speedup_significant": stats.significant(speedup) if baseline is not None and baseline is not run else None,
         "mem_saved_vs_fp32": 1.0 - _ratio(run.peak_mem_bytes, base_summary.get("mem", math.nan)),
         "comm_saved_vs_fp32": 1.0 - _ratio(comm_total, base_summary.get("comm", math.nan)),
         "warnings": "; ".join(pitfalls),
