@@ -158,9 +158,14 @@ class Shape:
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    piece: bool = False
+    """Describe Psi as one call: one DDP bucket and one FSDP unit gathered once (comm buffers are priced so)."""
+
     def layout(self) -> Layout:
         """DDP's default buckets and, with ``layers``, one FSDP unit per layer plus the root (embeddings):
         a layer has 12h^2 + 13h parameters with ``hidden`` (Megatron's count), else Psi / layers."""
+        if self.piece:
+            return Layout(bucket_numels=(int(self.psi),), units=(UnitShape(((int(self.psi),),), root=True),))
         units: tuple[UnitShape, ...] = ()
         if self.layers:
             per = 12 * self.hidden**2 + 13 * self.hidden if self.hidden else self.psi / self.layers
@@ -204,10 +209,18 @@ class PlanStrategy(ABC):
         """Model-state bytes per rank at the step's peak (from the strategy objects)."""
 
 
-def _calls(policy: Policy, layout: Layout, n: int) -> int:
-    """Collective calls per step and "op:dtype": the sharding's units where it has them, else DDP's buckets."""
+def pieces(policy: Policy, layout: Layout, n: int) -> list[int]:
+    """Elements per collective call: the sharding's units where it has them (one unit of Psi when the layout
+    names none), else DDP's buckets."""
     units = policy.sharding.units(layout.units or (UnitShape(((1,),)),), max(n, 1))
-    return len(layout.units) if units and layout.units else (1 if units else max(len(layout.bucket_numels), 1))
+    if not units:
+        return list(layout.bucket_numels) or [0]
+    return [sum(math.prod(s) for s in u.shapes) for u in layout.units] if layout.units else []
+
+
+def _calls(policy: Policy, layout: Layout, n: int) -> int:
+    """Collective calls per step and "op:dtype" (DDP buckets or FSDP units)."""
+    return max(len(pieces(policy, layout, n)), 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +396,22 @@ def activation_bytes(shape: Shape, precision: PlanPrecision) -> float:
     return layers * s * b * h * (c34 + c5 * a * s / h) * precision.activation_bytes / 2.0
 
 
+def comm_buffer_bytes(strat: PlanStrategy, policy: Policy, shape: Shape) -> float:
+    """One in-flight call per group and "op:dtype" of the largest piece (bucket or unit): its nccl-tests size,
+    asked of the same formulas as the bytes per step, for a layout of that piece alone gathered once."""
+    from dataclasses import replace
+
+    largest = max(pieces(policy, shape.layout(), shape.world_size) or [int(shape.psi)])
+    if largest <= 0:
+        return 0.0
+    out = 0.0
+    for g in strat.groups(policy, replace(shape, psi=float(largest), piece=True)):
+        for key, v in g.by_op.items():
+            f = bus_factor(key.split(":", 1)[0], g.n)
+            out += v / f if f else 0.0
+    return out
+
+
 def _split(level: str, n: int, gpn: int, nodes: int, total: float) -> tuple[float, float]:
     """(intra, inter) bytes of ``total`` bus bytes per rank at ``level`` (see the module docstring)."""
     if level == "intra":
@@ -501,14 +530,13 @@ def _row(
     model_state = strat.state_bytes(policy, shape, state)
     groups = strat.groups(policy, shape)
     by_op: dict[str, float] = {}
-    intra = inter = buffers = 0.0
+    intra = inter = 0.0
     for g in groups:
         for key, v in g.by_op.items():
             by_op[f"{g.level}/{key}"] = v
             a, e = _split(g.level, g.n, shape.gpus_per_node, shape.nodes, v)
             intra, inter = intra + a, inter + e
-            f = bus_factor(key.split(":", 1)[0], g.n)
-            buffers += v / f / g.calls if f else 0.0
+    buffers = comm_buffer_bytes(strat, policy, shape)
     act = activation_bytes(shape, prec)
     total = model_state + buffers + (0.0 if math.isnan(act) else act)
     row: dict[str, Any] = {
