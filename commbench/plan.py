@@ -142,6 +142,24 @@ PRECISIONS: dict[str, PlanPrecision] = {
 
 
 @dataclass(frozen=True, slots=True)
+class StateParts:
+    """Bytes per parameter of each model-state kind; ``ModelState(param, grad, master + moments)``."""
+
+    param: float
+    grad: float
+    master: float
+    moments: float
+
+    @property
+    def state(self) -> ModelState:
+        return ModelState(self.param, self.grad, self.master + self.moments)
+
+
+TORCH_ADAMW = StateParts(4.0, 4.0, 0.0, 8.0)
+"""What the training policies keep (fp32 parameters and gradients under autocast, AdamW's two moments)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Shape:
     """Where the plan stands: model size, world layout, optional transformer shape."""
 
@@ -385,7 +403,7 @@ def _price(model: CostModel, g: GroupBytes, nodes: int) -> _Priced:
 
 
 # ----------------------------------------------------------------------------------------------- plan
-def activation_bytes(shape: Shape, precision: PlanPrecision) -> float:
+def activation_bytes(shape: Shape, elem_bytes: float) -> float:
     """Korthikanti et al. 2022 eq. 2 (no recomputation, no tensor parallelism) times the layers; NaN when the
     shape is incomplete."""
     s, b, h, layers = shape.seq, shape.micro_batch, shape.hidden, shape.layers
@@ -393,7 +411,7 @@ def activation_bytes(shape: Shape, precision: PlanPrecision) -> float:
         return math.nan
     a = shape.heads or max(h // 128, 1)
     c34, c5 = KORTHIKANTI_PER_LAYER
-    return layers * s * b * h * (c34 + c5 * a * s / h) * precision.activation_bytes / 2.0
+    return layers * s * b * h * (c34 + c5 * a * s / h) * elem_bytes / 2.0
 
 
 def comm_buffer_bytes(strat: PlanStrategy, policy: Policy, shape: Shape) -> float:
@@ -453,12 +471,7 @@ def plan(
         device_memory, compute_ms, tflops, mfu, overlap,
     )  # fmt: skip
     cost = _load_model(model)
-    compute_s = math.nan
-    if compute_ms is not None:
-        compute_s = compute_ms / 1e3
-    elif tflops is not None and mfu is not None:
-        compute_s = 6.0 * shape.psi * (seq or 0) * (micro_batch or 0) / (tflops * 1e12 * mfu)
-    tokens = shape.world_size * seq * micro_batch if seq and micro_batch else math.nan
+    compute_s, tokens = _compute(shape, compute_ms, tflops, mfu)
 
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
@@ -471,11 +484,67 @@ def plan(
             except ValueError as e:
                 skipped[f"{sname}/{pname}"] = str(e)
                 continue
-            rows.append(_row(strat, prec, policy, shape, opt, cost, compute_s, tokens, overlap, device_memory))
+            parts = StateParts(prec.param_bytes, prec.grad_bytes, prec.master_bytes, opt.moment_bytes)
+            rows.append(
+                _row(strat, (sname, pname), policy, shape, parts, prec.activation_bytes, cost, compute_s, tokens,
+                     overlap, device_memory)
+            )  # fmt: skip
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     df = _rank(df)
     df.attrs["skipped"] = skipped
     df.attrs["assumptions"] = assumptions(shape, opt, overlap, cost, compute_ms, tflops, mfu)
+    return df
+
+
+def _compute(shape: Shape, compute_ms: float | None, tflops: float | None, mfu: float | None) -> tuple[float, float]:
+    """(compute seconds per step, tokens per step over all ranks); NaN where not given."""
+    compute_s = math.nan
+    if compute_ms is not None:
+        compute_s = compute_ms / 1e3
+    elif tflops is not None and mfu is not None:
+        compute_s = 6.0 * shape.psi * (shape.seq or 0) * (shape.micro_batch or 0) / (tflops * 1e12 * mfu)
+    tokens = shape.world_size * shape.seq * shape.micro_batch if shape.seq and shape.micro_batch else math.nan
+    return compute_s, tokens
+
+
+def plan_policies(
+    policies: Sequence[Policy],
+    *,
+    params: float,
+    nodes: int = 1,
+    gpus_per_node: int = 8,
+    parts: StateParts = TORCH_ADAMW,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    seq: int | None = None,
+    micro_batch: int | None = None,
+    device_memory: float | None = None,
+    compute_ms: float | None = None,
+    overlap: float = OVERLAP,
+    model: CostModel | str | os.PathLike[str] | None = None,
+) -> pd.DataFrame:
+    """The plan of training policies themselves (``training.policies``), flat over all ranks, with the model
+    state they keep (default: torch's, :data:`TORCH_ADAMW`): what the training suite measured, at any scale.
+    ``strategy`` is the policy name and ``precision`` its gradient-communication dtype."""
+    shape, _ = _validate(
+        params, nodes, gpus_per_node, ["ddp"], ["fp32"], "adam", layers, hidden, heads, seq, micro_batch,
+        device_memory, compute_ms, None, None, overlap,
+    )  # fmt: skip
+    cost = _load_model(model)
+    compute_s, tokens = _compute(shape, compute_ms, None, None)
+    rows = []
+    for p in policies:
+        strat = FlatStrategy(p.name, p.description, None)
+        # compute dtype: autocast's, or the sharding's own (FSDP's param dtype); activations are kept in it
+        elem = min([d.itemsize for d in (p.autocast, *p.sharding.grad_dtypes()) if d is not None] or [4])
+        rows.append(
+            _row(strat, (p.name, p.comm_dtype), p, shape, parts, elem, cost, compute_s, tokens, overlap,
+                 device_memory)
+        )  # fmt: skip
+    df = _rank(pd.DataFrame(rows, columns=list(COLUMNS)))
+    df.attrs["skipped"] = {}
+    df.attrs["assumptions"] = assumptions(shape, OPTIMIZERS["adam"], overlap, cost, compute_ms, None, None)
     return df
 
 
@@ -516,10 +585,11 @@ COLUMNS = {
 
 
 def _row(
-    strat: PlanStrategy, prec: PlanPrecision, policy: Policy, shape: Shape, opt: Optimizer,
-    cost: CostModel | None, compute_s: float, tokens: float, overlap: float, device_memory: float | None,
+    strat: PlanStrategy, names: tuple[str, str], policy: Policy, shape: Shape, parts: StateParts,
+    act_elem_bytes: float, cost: CostModel | None, compute_s: float, tokens: float, overlap: float,
+    device_memory: float | None,
 ) -> dict[str, Any]:  # fmt: skip
-    state = prec.state(opt)
+    state = parts.state
 
     def sb(p: float = 0.0, g: float = 0.0, k: float = 0.0) -> float:
         return strat.state_bytes(policy, shape, ModelState(p, g, k))
@@ -537,19 +607,19 @@ def _row(
             a, e = _split(g.level, g.n, shape.gpus_per_node, shape.nodes, v)
             intra, inter = intra + a, inter + e
     buffers = comm_buffer_bytes(strat, policy, shape)
-    act = activation_bytes(shape, prec)
+    act = activation_bytes(shape, act_elem_bytes)
     total = model_state + buffers + (0.0 if math.isnan(act) else act)
     row: dict[str, Any] = {
-        "strategy": strat.name,
-        "precision": prec.name,
+        "strategy": names[0],
+        "precision": names[1],
         "world_size": shape.world_size,
         "nodes": shape.nodes,
         "gpus_per_node": shape.gpus_per_node,
         "params": shape.psi,
         "mem_params_bytes": sb(p=state.param_bytes),
         "mem_grads_bytes": sb(g=state.grad_bytes) - base,
-        "mem_master_bytes": sb(k=prec.master_bytes) - base,
-        "mem_optim_bytes": sb(k=opt.moment_bytes) - base,
+        "mem_master_bytes": sb(k=parts.master) - base,
+        "mem_optim_bytes": sb(k=parts.moments) - base,
         "mem_model_state_bytes": model_state,
         "mem_comm_buffers_bytes": buffers,
         "mem_activations_bytes": act,
@@ -852,7 +922,8 @@ def format_plan(df: pd.DataFrame) -> str:
 
 __all__ = [
     "COLUMNS", "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "FlatStrategy", "HybridStrategy", "PlanPrecision",
-    "PlanStrategy", "Shape", "activation_bytes", "assumptions", "format_plan", "plan", "write_plan",
+    "PlanStrategy", "Shape", "StateParts", "TORCH_ADAMW", "activation_bytes", "comm_buffer_bytes", "pieces",
+    "plan_policies", "assumptions", "format_plan", "plan", "write_plan",
 ]  # fmt: skip
 
 
