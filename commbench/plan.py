@@ -742,9 +742,9 @@ def _validate(
         raise ValueError(f"params must be a positive number of parameters (e.g. 7e9), got {params!r}")
     for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
         _int_or_none(name, v)
-    for name, v in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq", seq),
-                    ("micro_batch", micro_batch)):  # fmt: skip
-        _int_or_none(name, v)
+    for name, dim in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq", seq),
+                      ("micro_batch", micro_batch)):  # fmt: skip
+        _int_or_none(name, dim)
     for kind, names, valid in (("strategy", strategies, STRATEGIES), ("precision", precisions, PRECISIONS)):
         if isinstance(names, str) or not names:
             raise ValueError(f"give a list of {kind} names; valid: {', '.join(valid)}")
@@ -753,9 +753,9 @@ def _validate(
                 raise ValueError(f"unknown {kind} {n!r}; valid: {', '.join(valid)}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    for name, v in (("device_memory", device_memory), ("compute_ms", compute_ms), ("tflops", tflops)):
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"{name} must be a positive number, got {v!r}")
+    for name, x in (("device_memory", device_memory), ("compute_ms", compute_ms), ("tflops", tflops)):
+        if x is not None and not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0):
+            raise ValueError(f"{name} must be a positive number, got {x!r}")
     if mfu is not None and not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
         raise ValueError(f"mfu must be in (0, 1], got {mfu!r}")
     if compute_ms is not None and (tflops is not None or mfu is not None):
