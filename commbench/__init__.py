@@ -1,7 +1,8 @@
 """commbench: communication-precision benchmarking for distributed PyTorch.
 
 Public API: load a run directory into pandas (:func:`load`, :func:`load_metadata`, :func:`load_training`,
-:func:`load_training_steps`, :func:`load_crossover`), the size helpers, and the registries.
+:func:`load_training_steps`, :func:`load_crossover`), the size helpers, the registries, and capacity planning (:func:`fit` a cost model,
+:func:`plan` a training configuration).
 """
 
 from commbench.config import format_size, parse_size
@@ -16,9 +17,26 @@ from commbench.results import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # Lazy: `fit` and `plan` pull in numpy fitting and torch (the strategy formulas); `import commbench` for the
+    # views stays light. `commbench.plan` is the plan module made callable (see commbench/plan.py), so it is the
+    # function's stand-in whether or not the submodule was imported first.
+    if name == "fit":
+        from commbench.costmodel import fit
+
+        return fit
+    if name == "plan":
+        import importlib
+
+        return importlib.import_module("commbench.plan")
+    raise AttributeError(f"module 'commbench' has no attribute {name!r}")
+
+
 __all__ = [
     "RunDirError",
     "__version__",
+    "fit",
     "format_size",
     "load",
     "load_crossover",
@@ -26,4 +44,5 @@ __all__ = [
     "load_training",
     "load_training_steps",
     "parse_size",
+    "plan",
 ]

@@ -109,6 +109,31 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("file", type=Path)
     imp.add_argument("--out", type=Path, required=True, help="new run directory")
     imp.add_argument("--collective", help="collective of every block when the file does not say")
+
+    ft = sub.add_parser("fit", help="fit a latency-bandwidth cost model to run directories")
+    ft.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    ft.add_argument("--out", type=Path, required=True, help="model JSON to write (e.g. model.json)")
+
+    pl = sub.add_parser("plan", help="capacity plan: memory, bytes and predicted time per strategy x precision")
+    pl.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR", help="fit a cost model to this run directory")
+    pl.add_argument("--model", type=Path, help="cost model JSON from `commbench fit`")
+    pl.add_argument("--params", type=_positive_float, required=True, help="parameters, Psi (e.g. 7e9)")
+    pl.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
+    pl.add_argument("--gpus-per-node", type=_positive_int, default=8, help="ranks per node (default 8)")
+    pl.add_argument("--strategies", type=_csv_list, help="comma-separated, default all: ddp,zero1,zero2,zero3,fsdp,hsdp")
+    pl.add_argument("--precisions", type=_csv_list, help="comma-separated, default all: fp32,bf16,fp8")
+    pl.add_argument("--optimizer", default="adam", help="adam | sgd (default adam)")
+    pl.add_argument("--layers", type=_positive_int, help="transformer layers (FSDP units, activations)")
+    pl.add_argument("--hidden", type=_positive_int, help="hidden size h (activations)")
+    pl.add_argument("--heads", type=_positive_int, help="attention heads a (default h/128)")
+    pl.add_argument("--seq", type=_positive_int, help="sequence length s (activations, tokens)")
+    pl.add_argument("--micro-batch", type=_positive_int, help="micro-batch b per rank (activations, tokens)")
+    pl.add_argument("--device-memory", type=_size, help="memory per device (80G; 1024-based)")
+    pl.add_argument("--compute-ms", type=_positive_float, help="compute time per step and rank, ms")
+    pl.add_argument("--tflops", type=_positive_float, help="device peak TFLOP/s (with --mfu)")
+    pl.add_argument("--mfu", type=_positive_float, help="model flops utilisation, 0..1 (with --tflops)")
+    pl.add_argument("--overlap", type=float, default=None, help="fraction of compute comm hides behind (default 2/3)")
+    pl.add_argument("--out", type=Path, required=True, help="output directory (plan.csv, plan.md, plan.html)")
     return p
 
 
@@ -303,12 +328,61 @@ def cmd_import(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.costmodel import main_fit
+    from commbench.results import load_metadata
+
+    for r in args.run_dirs:
+        load_metadata(r)  # a clear error for a missing/foreign directory
+    print(main_fit(args.run_dirs, args.out))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.plan import OVERLAP, PRECISIONS, STRATEGIES, format_plan, plan, write_plan
+
+    if args.model is not None and args.run_dir is not None:
+        raise CLIError("give either --model model.json or a RUN_DIR, not both")
+    if args.run_dir is not None:
+        from commbench.results import load_metadata
+
+        load_metadata(args.run_dir)
+    df = plan(
+        params=args.params,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        strategies=args.strategies or list(STRATEGIES),
+        precisions=args.precisions or list(PRECISIONS),
+        optimizer=args.optimizer,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        seq=args.seq,
+        micro_batch=args.micro_batch,
+        device_memory=args.device_memory,
+        compute_ms=args.compute_ms,
+        tflops=args.tflops,
+        mfu=args.mfu,
+        overlap=OVERLAP if args.overlap is None else args.overlap,
+        model=args.model if args.model is not None else args.run_dir,
+    )
+    paths = write_plan(df, args.out, args.device_memory)
+    print(format_plan(df))
+    for k, v in df.attrs.get("skipped", {}).items():
+        print(f"# not an option: {k}: {v}")
+    for kind in ("csv", "md", "html"):
+        print(f"{kind}: {paths[kind]}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "run": cmd_run,
     "list": cmd_list,
     "report": cmd_report,
     "compare": cmd_compare,
     "import": cmd_import,
+    "fit": cmd_fit,
+    "plan": cmd_plan,
 }
 """Sub-command -> handler (parsed arguments, the argv as typed) -> exit code."""
 

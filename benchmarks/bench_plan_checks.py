@@ -1,0 +1,213 @@
+"""The capacity plan checked against measurements, in one run: predicted / measured ratios.
+
+(a) memory: the planned model state and total per rank for the training suite's model against the training
+    run's analytic model-state bytes and its measured peak memory;
+(b) bytes: planned comm bytes per step against the bytes the training run counted, for every policy;
+(c) an imported nccl-tests log of an 8-GPU node: the plan's gradient all_reduce time for a model against that
+    log's own busbw arithmetic (time = size * 2(n-1)/n / busbw, interpolated between its rows);
+(d) time: the plan's communication time per step (cost model fitted to a sweep on this machine) against the
+    training run's communication time, measured as (step time on N ranks) - (step time on 1 rank: the same
+    per-rank work with no communication). Target: within 25 %.
+
+    PYTHONPATH=$PWD python benchmarks/bench_plan_checks.py [--train RUN --sweep RUN --d-train RUN --d-train1 RUN]
+        [--work DIR]
+
+Runs it does not get, it makes (a few minutes on 2 CPU cores): `commbench run suites/training.toml` on 2 ranks,
+a sweep of all_reduce/all_gather/reduce_scatter in fp32/bf16/fp16/fp8_e4m3 on 2 ranks, and for (d) a 20-step run
+of six policies on 2 ranks and on 1 rank with the same threads per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from commbench import costmodel as cm
+from commbench.plan import TORCH_ADAMW, plan, plan_policies
+from commbench.results import load_metadata
+from commbench.training.policies import get_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+NCCL_8GPU = ROOT / "tests" / "data" / "nccl_multi.txt"
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> None:
+    print(" ".join(f"{k}={v}" for k, v in (env or {}).items()) + " python -m commbench " + " ".join(args), flush=True)
+    subprocess.run([sys.executable, "-m", "commbench", *args], check=True, cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, stdout=subprocess.DEVNULL)  # fmt: skip
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+D_POLICIES = ["fp32", "bf16_hook", "fp8_hook", "fsdp2_bf16", "zero2_fp32", "zero3_bf16"]
+D_SUITE = """name = "plan_check_d"
+[training]
+model = "gpt"
+policies = {policies}
+steps = 20
+warmup_steps = 2
+batch_size = 8
+seq_len = 64
+d_model = 128
+n_layers = 4
+n_heads = 4
+vocab = 512
+measure_memory = false
+"""
+
+
+def ensure_d(work: Path) -> tuple[Path, Path]:
+    """(d)'s runs: 20 steps per policy on 2 ranks, and on 1 rank with the 2-rank run's threads per rank (the
+    local launcher gives a lone rank every core; a torchrun-style world of 1 keeps OMP_NUM_THREADS)."""
+    suite = work / "plan_check_d.toml"
+    suite.parent.mkdir(parents=True, exist_ok=True)
+    suite.write_text(D_SUITE.format(policies=json.dumps(D_POLICIES)))
+    d2, d1 = work / "d_train2", work / "d_train1"
+    if not (d2 / "training.csv").exists():
+        run("run", str(suite), "--no-report", "--quiet", "--nproc", "2", "--out", str(d2))
+    threads = str(load_metadata(d2).get("threads_per_rank") or 1)
+    if not (d1 / "training.csv").exists():
+        world1 = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": threads}  # fmt: skip
+        run("run", str(suite), "--no-report", "--quiet", "--out", str(d1), env=world1)
+    return d2, d1
+
+
+def ensure(work: Path, train: Path | None, sweep: Path | None) -> tuple[Path, Path]:
+    train = train or work / "train2"
+    sweep = sweep or work / "sweep2"
+    if not (train / "training.csv").exists():
+        run("run", "suites/training.toml", "--no-report", "--quiet", "--nproc", "2", "--out", str(train))
+    if not (sweep / "results.csv").exists():
+        run("run", "--collectives", "all_reduce,all_gather,reduce_scatter", "--precisions", "fp32,bf16,fp16,fp8_e4m3",
+            "-b", "16K", "-e", "16M", "-f", "4", "--no-training", "--no-report", "--quiet", "--nproc", "2",
+            "--out", str(sweep))  # fmt: skip
+    return train, sweep
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
+def fmt(v: float, spec: str = ".3f") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", type=Path, help="training run on N >= 2 ranks (default: made under --work)")
+    ap.add_argument("--sweep", type=Path, help="sweep on N ranks to fit the cost model")
+    ap.add_argument("--d-train", type=Path, help="(d): 20-step run of a few policies on N ranks")
+    ap.add_argument("--d-train1", type=Path, help="(d): the same on 1 rank with the same threads per rank")
+    ap.add_argument("--work", type=Path, default=Path("results/bench_plan"), help="where missing runs go")
+    a = ap.parse_args()
+    train, sweep = ensure(a.work, a.train, a.sweep)
+
+    t = pd.read_csv(train / "training.csv")
+
+    meta = load_metadata(train)
+    cfg = meta["suite"]["training"]
+    n = int(t["world_size"].iloc[0])
+    psi = float(t["params"].iloc[0])
+    policies = [get_policy(p) for p in t["policy"]]
+    model = cm.fit([sweep])
+    shape = dict(params=psi, nodes=1, gpus_per_node=n, layers=int(cfg["n_layers"]), hidden=int(cfg["d_model"]),
+                 heads=int(cfg["n_heads"]), seq=int(cfg["seq_len"]), micro_batch=int(cfg["batch_size"]))  # fmt: skip
+    pl = plan_policies(policies, parts=TORCH_ADAMW, model=model, **shape).set_index("strategy")
+    pl_psi = plan_policies(policies, params=psi, nodes=1, gpus_per_node=n).set_index("strategy")  # Psi only
+    print(f"# host {meta.get('host')}, {meta.get('backend')}, {n} ranks; model {cfg['model']} Psi={psi:.0f} "
+          f"(d_model {cfg['d_model']}, {cfg['n_layers']} layers, seq {cfg['seq_len']}, batch {cfg['batch_size']})")
+    print(f"# runs: train {train}, sweep {sweep}")
+
+    print("\n(a) memory per rank: planned / training run")
+    print(f"{'policy':<24}{'state/analytic':>15}{'state/peak':>12}{'total/peak':>12}  (peak: measured, {t['peak_mem_kind'].iloc[0]})")
+    for _, r in t.iterrows():
+        p = pl.loc[r["policy"]]
+        print(f"{r['policy']:<24}{fmt(ratio(p['mem_model_state_bytes'], r['model_state_bytes'])):>15}"
+              f"{fmt(ratio(p['mem_model_state_bytes'], r['peak_mem_bytes'])):>12}"
+              f"{fmt(ratio(p['mem_total_bytes'], r['peak_mem_bytes'])):>12}")  # fmt: skip
+
+    print("\n(b) comm bytes per step: planned / measured (layout from --layers/--hidden; and from Psi alone)")
+    print(f"{'policy':<24}{'planned':>12}{'measured':>12}{'ratio':>9}{'Psi-only':>10}")
+    for _, r in t.iterrows():
+        p, q = pl.loc[r["policy"]], pl_psi.loc[r["policy"]]
+        m = float(r["comm_bytes_per_step"])
+        print(f"{r['policy']:<24}{p['comm_bytes_per_step']:>12.0f}{m:>12.0f}{fmt(ratio(p['comm_bytes_per_step'], m), '.6f'):>9}"
+              f"{fmt(ratio(q['comm_bytes_per_step'], m), '.4f'):>10}")  # fmt: skip
+
+    print(f"\n(c) nccl-tests log of an 8-GPU node ({NCCL_8GPU.name}): plan's DDP gradient all_reduce vs the log's busbw")
+    nccl_run = a.work / "nccl8"
+    if not (nccl_run / "results.csv").exists():
+        run("import", "nccl-tests", str(NCCL_8GPU), "--out", str(nccl_run))
+    log = pd.read_csv(nccl_run / "results.csv")
+    ar = log[(log["collective"] == "all_reduce") & (log["placement"] == "out-of-place")] if "placement" in log else log[log["collective"] == "all_reduce"]
+    ar = ar.groupby("size_bytes", as_index=False).first().sort_values("size_bytes")
+    prec = str(ar["precision"].iloc[0])
+    nlog = int(ar["world_size"].iloc[0])
+    bf = 2 * (nlog - 1) / nlog
+    nccl_model = cm.fit([nccl_run])
+    print(f"# {len(ar)} all_reduce sizes {int(ar['size_bytes'].min())}..{int(ar['size_bytes'].max())} B, {prec}, "
+          f"{nlog} ranks; the plan's fp8 is the codec hook, priced by this {prec} all_reduce fit")  # fmt: skip
+
+    def log_time(size: float) -> float:
+        xs, ts = ar["size_bytes"].to_numpy(float), (ar["size_bytes"] * bf / (ar["busbw_gbps"] * 1e9)).to_numpy(float)
+        if size <= xs[0]:
+            return float(ts[0])
+        for i in range(1, len(xs)):
+            if size <= xs[i]:
+                return float(ts[i - 1] + (ts[i] - ts[i - 1]) * (size - xs[i - 1]) / (xs[i] - xs[i - 1]))
+        return float(ts[-1] * size / xs[-1])  # beyond the log: bandwidth-bound extrapolation
+
+    print(f"{'Psi':>10}{'buckets (wire B)':>28}{'plan_us':>10}{'log_us':>10}{'ratio':>8}  extrapolated")
+    for psi_c in (2**18, 2**20, 1.5 * 2**20, 16 * 2**20):
+        r = plan(params=psi_c, nodes=1, gpus_per_node=nlog, strategies=["ddp"], precisions=["fp8"], model=nccl_model).iloc[0]
+        wire_per_fp32 = nccl_model.get("all_reduce", prec).wire_per_fp32
+        from commbench.training.strategies import default_bucket_numels
+
+        buckets = [b * 4 * wire_per_fp32 for b in default_bucket_numels(psi_c)]
+        t_log = sum(log_time(b) for b in buckets)
+        shown = ",".join(f"{b:.0f}" for b in buckets[:3]) + ("..." if len(buckets) > 3 else "")
+        print(f"{psi_c:>10.0f}{shown:>28}{r['comm_time_s'] * 1e6:>10.2f}{t_log * 1e6:>10.2f}"
+              f"{fmt(ratio(r['comm_time_s'], t_log)):>8}  {bool(r['comm_extrapolated'])}")  # fmt: skip
+
+    d2, d1 = (a.d_train, a.d_train1) if a.d_train and a.d_train1 else ensure_d(a.work)
+    t = pd.read_csv(d2 / "training.csv")
+    t1 = pd.read_csv(d1 / "training.csv").set_index("policy")
+    print(f"\n(d) comm time per step: plan (cost model fitted to the sweep) / measured (step N ranks - step 1 rank,"
+          f" 20 steps, {load_metadata(d1).get('threads_per_rank')} thread(s) per rank in both; {d2}, {d1})")
+    print(f"# cost model: {', '.join('/'.join(k) for k in model.fits)}")
+    print(f"{'policy':<24}{'step_N_ms':>10}{'step_1_ms':>10}{'meas_ms':>9}{'plan_ms':>9}{'ratio':>8}"
+          f"{'exposed_ms':>11}{'ratio':>8}  note")  # fmt: skip
+    within = []
+    for _, r in t.iterrows():
+        pol = r["policy"]
+        s_n, s_1 = float(r["step_time_us_p50"]) / 1e3, float(t1.loc[pol, "step_time_us_p50"]) / 1e3
+        meas = s_n - s_1
+        comp = plan_policies([get_policy(pol)], parts=TORCH_ADAMW, model=model, compute_ms=s_1, **shape).iloc[0]
+        p_ms = comp["comm_time_s"] * 1e3
+        e_ms = comp["exposed_comm_s"] * 1e3
+        rr = ratio(p_ms, meas)
+        if not math.isnan(rr):
+            within.append(abs(rr - 1) <= 0.25)
+        note = "" if not math.isnan(p_ms) else comp["comm_model"][:60]
+        print(f"{pol:<24}{s_n:>10.1f}{s_1:>10.1f}{meas:>9.1f}{fmt(p_ms, '.1f'):>9}{fmt(rr):>8}{fmt(e_ms, '.1f'):>11}"
+              f"{fmt(ratio(e_ms, meas)):>8}  {note}")  # fmt: skip
+    print(f"# within 25 %: {sum(within)} of {len(within)} priced policies (plan comm time, no overlap)")
+    print("# json: " + json.dumps({"n": n, "psi": psi, "within_25pct": int(sum(within)), "priced": len(within)}))
+
+
+if __name__ == "__main__":
+    main()
