@@ -291,7 +291,7 @@ def test_bad_inputs_say_what_is_wrong() -> None:
 def _run_dir(path: Path, df: pd.DataFrame) -> Path:
     w = RunWriter(path)
     w.write_metadata({"schema_version": 1})
-    w.add("results", df.to_dict("records"))
+    w.add_rows("results", df.to_dict("records"))
     return path
 
 
