@@ -69,7 +69,7 @@ def references(
     def fp64_collective(x: torch.Tensor) -> torch.Tensor:
         inp = x.to(d.device)
         out = inp.clone() if not coll.out_of_place() else torch.empty(layout.output_numel, dtype=torch.float64, device=d.device)
-        coll.run(inp, out)
+        coll.run(inp, out, getattr(d, "pg", None))
         return out.cpu()
 
     return mine, fp64_collective(mine), fp64_collective(mine.abs())

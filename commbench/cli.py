@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a suite (default: the quick suite on a local group)")
     r.add_argument("suite", nargs="?", help=f"suite name or TOML file (default: {DEFAULT_SUITE})")
     r.add_argument("--collectives", type=_csv_list, help="comma-separated collectives (see `commbench list`)")
+    r.add_argument(
+        "--groups", type=_csv_list,
+        help="comma-separated communicator groups: world (default), intra (one per node), inter (one per local rank across nodes)",
+    )  # fmt: skip
     r.add_argument("--precisions", type=_csv_list, help="comma-separated precisions, e.g. fp32,bf16,fp8_e4m3:block128")
     r.add_argument("-b", "--minbytes", type=_size, help="smallest fp32 tensor size (8, 64K, 1M, 4G; 1024-based)")
     r.add_argument("-e", "--maxbytes", type=_size, help="largest fp32 tensor size")
@@ -167,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 SUITE_OVERRIDES: dict[str, str] = {
     "collectives": "collectives",
     "precisions": "precisions",
+    "groups": "groups",
     "min_bytes": "minbytes",
     "max_bytes": "maxbytes",
     "factor": "stepfactor",

@@ -124,6 +124,9 @@ class SuiteConfig:
     check: bool = True
     """Count wrong elements on exactly representable inputs (nccl-tests ``-c``)."""
     seed: int = 1234
+    groups: list[str] = field(default_factory=lambda: ["world"])
+    """Communicator groups to run every point in (``world``, ``intra``: one per node, ``inter``: one per
+    local-rank index across nodes; like nccl-tests' NCCL_TESTS_SPLIT). See ``commbench.groups``."""
     timing: TimingConfig = field(default_factory=TimingConfig)
     training: TrainingConfig | None = None
     """Optional ``[training]`` table (DDP/FSDP steps), validated at load (commbench.training.config)."""
@@ -143,6 +146,14 @@ class SuiteConfig:
         if self.payload not in PAYLOADS:
             raise ValueError(f"unknown payload {self.payload!r}; valid choices: {', '.join(PAYLOADS)}")
         size_grid(self.min_bytes, self.max_bytes, self.factor)
+        from commbench.groups import get_group_kind
+
+        if not self.groups:
+            raise ValueError("suite lists no groups (e.g. groups = [\"world\"])")
+        for g in self.groups:
+            get_group_kind(g)
+        if len(set(self.groups)) != len(self.groups):
+            raise ValueError("suite lists a group twice")
         if len(set(self.collectives)) != len(self.collectives) or len(set(self.precisions)) != len(self.precisions):
             raise ValueError("suite lists a collective or precision twice")
 
@@ -161,7 +172,7 @@ class SuiteConfig:
         return out
 
 
-_SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "timing", "training"}
+_SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "timing", "training"}
 _TIMING_KEYS = {"warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters"}
 
 

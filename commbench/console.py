@@ -62,8 +62,9 @@ class PointPrinter:
         if not self._legend:
             self._legend = True
             print(LEGEND)
-        if row["collective"] != self._block:
-            self._block = row["collective"]
+        block = f"{row['collective']}|{row.get('group', 'world')}"
+        if block != self._block:
+            self._block = block
             print("#")
             print(block_title(row))
             for line in header_lines(self._cols):
@@ -72,9 +73,11 @@ class PointPrinter:
         sys.stdout.flush()
 
 
-def print_skipped(pairs: Iterable[tuple[str, str]], backend: str) -> None:
+def print_skipped(pairs: Iterable[tuple[str, str]], backend: str, groups: Iterable[tuple[str, str]] = ()) -> None:
     for c, p in pairs:
         print(f"# skipped {c} x {p}: not supported on backend {backend}")
+    for g, why in groups:
+        print(f"# skipped group {g}: {why}")
 
 
 def print_noise_warning(df: Any) -> None:
@@ -99,7 +102,9 @@ def print_crossover(cross: list[dict[str, Any]]) -> None:
         at_max = ""
         if not math.isnan(g):
             at_max = f"  ({g:.2f}x at the largest size" + (f", 95 % CI {lo:.2f}-{hi:.2f})" if not math.isnan(lo) else ")")
-        print(f"#   {row['collective']:<15} {row['precision']:<20} {where}{at_max}")
+        group = row.get("group", "world")
+        name = row["collective"] if group in (None, "world") else f"{row['collective']} [{group}]"
+        print(f"#   {name:<15} {row['precision']:<20} {where}{at_max}")
 
 
 def training_line(row: Mapping[str, Any]) -> str:

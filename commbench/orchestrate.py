@@ -126,7 +126,7 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
     todo = list(iter_groups(sweep, done))
     lead = d.rank == 0
     if lead:
-        console.print_skipped(sweep.skipped(), d.backend)
+        console.print_skipped(sweep.skipped(), d.backend, sweep.skipped_groups())
     progress = console.SweepProgress(count_points(todo), enabled=lead and not quiet)
     printer = console.PointPrinter()
     try:
@@ -137,7 +137,7 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
                 writer.add([p for _, p in points])
                 for _, p in points:
                     printer.row(p.as_dict(), group.collective.redop)
-                progress.advance(f"{group.collective.name} {format_size(group.fp32_bytes)}", len(indices))
+                progress.advance(f"{group.collective.name} {format_size(group.fp32_bytes)} [{group.kind}]", len(indices))
     finally:
         progress.stop()
     if lead and writer is not None:

@@ -102,6 +102,11 @@ class Record:
         return out
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Default value of each column that has one."""
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not MISSING}
+
+    @classmethod
     def docs(cls) -> dict[str, str]:
         """One line of documentation per column."""
         return {f.name: str(f.metadata.get("doc", "")) for f in dataclasses.fields(cls)}
@@ -145,7 +150,7 @@ class CollectivePoint(Record):
     Sizes follow nccl-tests (see ``commbench.collectives``); GB/s are 1e9 bytes per second."""
 
     TABLE: ClassVar[str] = "results"
-    KEY: ClassVar[tuple[str, ...]] = ("collective", "precision", "payload", "fp32_bytes")
+    KEY: ClassVar[tuple[str, ...]] = ("collective", "precision", "payload", "fp32_bytes", "group")
     """Columns that identify a point (``--resume`` skips rows already present under this key)."""
 
     collective: str = col("collective name (all_reduce, all_gather, ...)")
@@ -155,6 +160,9 @@ class CollectivePoint(Record):
     device: str = col("device name of rank 0")
     world_size: int = col("ranks in the group")
     nodes: int = col("hosts in the group")
+    group: str = col("communicator group kind: world, intra (one per node) or inter (one per local rank across nodes)", "world")
+    group_size: int | None = col("ranks in each group of that kind (busbw uses it)", None)
+    n_groups: int | None = col("groups of that kind running the collective at the same time", None)
     payload: str = col("input distribution (normal, gradient, outliers)")
     dtype: str = col("nccl-tests type name of the wire data (float, bfloat16, uint8, ...)")
     size_bytes: int = col("nccl-tests size of the call, bytes on the wire (as wire_bytes)")
@@ -211,6 +219,7 @@ class Crossover(Record):
 
     collective: str = col("collective name")
     payload: str = col("input distribution")
+    group: str = col("communicator group kind (world, intra, inter)", "world")
     precision: str = col("the precision compared with fp32")
     crossover_bytes: int | None = col(
         "smallest fp32 size, bytes, from which the precision is significantly faster than fp32 (total time, "

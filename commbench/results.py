@@ -168,7 +168,9 @@ class RunWriter:
         return [record.from_row(r) for r in self.rows[record.TABLE]]
 
     def done_keys(self) -> set[tuple[Any, ...]]:
-        return {tuple(r[k] for k in POINT_KEY) for r in self.rows[CollectivePoint.TABLE]}
+        # rows journaled before a key column existed take its default (e.g. group "world")
+        defaults = CollectivePoint.defaults()
+        return {tuple(r.get(k, defaults.get(k)) for k in POINT_KEY) for r in self.rows[CollectivePoint.TABLE]}
 
     def done_policies(self) -> set[str]:
         return {str(r["policy"]) for r in self.rows["training"]}
@@ -309,7 +311,10 @@ def crossover(df: pd.DataFrame) -> list[dict[str, Any]]:
     if df.empty:
         return out
     has_ci = "gain_ci_low" in df.columns and df["gain_ci_low"].notna().any()
-    for (coll, payload), g in df.groupby(["collective", "payload"], sort=False):
+    if "group" not in df.columns:
+        df = df.assign(group="world")
+    df = df.assign(group=df["group"].fillna("world"))
+    for (coll, payload, group), g in df.groupby(["collective", "payload", "group"], sort=False):
         base = g[g["precision"] == "fp32"].set_index("fp32_bytes")["effective_gbps"]
         if base.empty:
             continue
@@ -336,7 +341,7 @@ def crossover(df: pd.DataFrame) -> list[dict[str, Any]]:
             note = "" if cross is not None else ("never in range" if lose_last else "not significant")
             out.append(
                 Crossover(
-                    collective=coll, payload=payload, precision=prec, crossover_bytes=cross, note=note,
+                    collective=coll, payload=payload, group=group, precision=prec, crossover_bytes=cross, note=note,
                     gain_at_largest=gain[0], gain_at_largest_ci_low=gain[1], gain_at_largest_ci_high=gain[2],
                 ).as_dict()
             )  # fmt: skip

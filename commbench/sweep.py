@@ -26,6 +26,7 @@ from commbench import stats
 from commbench.check import Check, check_point
 from commbench.collectives import Collective, Layout, get_collective
 from commbench.config import SuiteConfig
+from commbench.groups import SubGroup, build, get_group_kind, unusable
 from commbench.launch import Dist
 from commbench.precision import Precision, get_precision
 from commbench.raw_codec import NAME as ALGORITHM_BASELINE
@@ -49,6 +50,8 @@ class Group:
 
     collective: Collective
     fp32_bytes: int
+    kind: str = "world"
+    """Communicator group kind (commbench.groups) the points run in."""
     points: list[tuple[int, Point]] = field(default_factory=list)
     """(run-order index, point) in precision order."""
 
@@ -67,12 +70,44 @@ def _fault_hook(rank: int, index: int) -> None:
             time.sleep(3600)
 
 
+class GroupView:
+    """What a point's checks see of its communicator group: rank and size inside the group, its process group;
+    synchronisation, barriers and the exchange of results still span the world (every group at once)."""
+
+    def __init__(self, d: Dist, sg: SubGroup) -> None:
+        self.rank = sg.rank
+        self.world_size = sg.size
+        self.pg = sg.pg
+        self.device = d.device
+        self.sync = d.sync
+        self.gather_floats = d.gather_floats
+
+
 class Sweep:
     """Runs groups of points on one rank; every rank runs the same points in the same order."""
 
     def __init__(self, suite: SuiteConfig, d: Dist) -> None:
         self.suite = suite
         self.d = d
+        self._subgroups: dict[str, SubGroup] = {}
+
+    def subgroup(self, kind: str) -> SubGroup:
+        """This rank's communicator group of ``kind``, created on first use (by every rank, in the same order)."""
+        if kind not in self._subgroups:
+            self._subgroups[kind] = build(get_group_kind(kind), self.d.hosts, self.d.backend)
+        return self._subgroups[kind]
+
+    def group_kinds(self) -> list[str]:
+        return [g for g in self.suite.groups if unusable(get_group_kind(g), self.d.hosts) is None]
+
+    def skipped_groups(self) -> list[tuple[str, str]]:
+        """(group kind, why) for the suite's groups this world cannot form."""
+        out = []
+        for g in self.suite.groups:
+            why = unusable(get_group_kind(g), self.d.hosts)
+            if why is not None:
+                out.append((g, why))
+        return out
 
     def _precisions(self, coll: Collective) -> list[Precision]:
         precs = [get_precision(p) for p in self.suite.precisions]
@@ -90,17 +125,18 @@ class Sweep:
         """Groups in run order: collective, then size; inside a group, the suite's precision order."""
         out: list[Group] = []
         index = 0
-        for c in self.suite.collectives:
-            coll = get_collective(c)
-            precs = self._precisions(coll)
-            if not precs:
-                continue
-            for s in self.suite.sizes():
-                g = Group(coll, s)
-                for prec in precs:
-                    g.points.append((index, Point(coll, prec, s)))
-                    index += 1
-                out.append(g)
+        for kind in self.group_kinds():
+            for c in self.suite.collectives:
+                coll = get_collective(c)
+                precs = self._precisions(coll)
+                if not precs:
+                    continue
+                for s in self.suite.sizes():
+                    g = Group(coll, s, kind)
+                    for prec in precs:
+                        g.points.append((index, Point(coll, prec, s)))
+                        index += 1
+                    out.append(g)
         return out
 
     def points(self) -> list[Point]:
@@ -115,8 +151,8 @@ class Sweep:
                     out.append((c, p))
         return out
 
-    def layout(self, coll: Collective, fp32_bytes: int) -> Layout | None:
-        n = self.d.world_size
+    def layout(self, coll: Collective, fp32_bytes: int, n: int | None = None) -> Layout | None:
+        n = n or self.d.world_size
         total = coll.round_total(fp32_bytes // 4, n)
         if total < n:
             return None
@@ -129,14 +165,16 @@ class Sweep:
         pair partner, but not recorded twice.
         """
         d, suite, coll = self.d, self.suite, group.collective
-        layout = self.layout(coll, group.fp32_bytes)
+        sg = self.subgroup(group.kind)
+        view = GroupView(d, sg)
+        layout = self.layout(coll, group.fp32_bytes, sg.size)
         if layout is None:
             return []
         ops, checks = [], []
         for index, pt in group.points:
             _fault_hook(d.rank, index)
-            op = pt.precision.make_op(coll, layout, None, d.device)
-            checks.append(check_point(d, suite, coll, pt.precision, layout, op, pt.fp32_bytes))
+            op = pt.precision.make_op(coll, layout, sg.pg, d.device)
+            checks.append(check_point(view, suite, coll, pt.precision, layout, op, pt.fp32_bytes))  # type: ignore[arg-type]
             ops.append(op)
         # Timing on the payload (in-place collectives keep summing into the buffer: like nccl-tests in-place).
         contenders = []
@@ -174,7 +212,8 @@ class Sweep:
                 if algo is not None and pt.precision.chunked and c != algo:
                     algo_gain = stats.paired_ratio_ci(totals[base], totals[algo])
                     prec_gain = stats.paired_ratio_ci(totals[algo], totals[c])
-            out.append((index, self._record(pt, layout, op.wire_bytes, op.has_codec, chk, rounds, c, gain, algo_gain, prec_gain)))
+            rec = self._record(pt, layout, op.wire_bytes, op.has_codec, chk, rounds, c, gain, algo_gain, prec_gain, sg)
+            out.append((index, rec))
         return out
 
     def _record(
@@ -189,6 +228,7 @@ class Sweep:
         gain: stats.Estimate | None,
         algo_gain: stats.Estimate | None,
         prec_gain: stats.Estimate | None,
+        sg: SubGroup,
     ) -> CollectivePoint:
         d, suite, coll, prec = self.d, self.suite, pt.collective, pt.precision
         comm_phase = 1 if has_codec else 0
@@ -207,7 +247,7 @@ class Sweep:
         pooled = [v for x in per_rank for v in x]
         mean = statistics.fmean(pooled)
         cv = statistics.pstdev(pooled) / mean if mean > 0 and len(pooled) > 1 else 0.0
-        bus = coll.bus_factor(d.world_size)
+        bus = coll.bus_factor(sg.size)
         fp32_bytes = layout.total * 4
 
         def us(x: float) -> float:
@@ -229,6 +269,9 @@ class Sweep:
             device=d.device_name(),
             world_size=d.world_size,
             nodes=d.nodes,
+            group=sg.kind.name,
+            group_size=sg.size,
+            n_groups=sg.n_groups,
             payload=suite.payload,
             dtype=prec.nccl_type,
             size_bytes=wire_bytes,
@@ -282,7 +325,11 @@ def iter_groups(sweep: Sweep, done: set[tuple[Any, ...]]) -> Iterator[tuple[Grou
     """Groups with points still to run and the indices of those points (``done`` holds POINT_KEY tuples of
     finished rows, for --resume)."""
     for g in sweep.groups():
-        todo = {i for i, pt in g.points if (pt.collective.name, pt.precision.name, sweep.suite.payload, pt.fp32_bytes) not in done}
+        todo = {
+            i
+            for i, pt in g.points
+            if (pt.collective.name, pt.precision.name, sweep.suite.payload, pt.fp32_bytes, g.kind) not in done
+        }
         if todo:
             yield g, todo
 

@@ -110,9 +110,12 @@ def header_lines(cols: list[Column]) -> tuple[str, str]:
 
 
 def block_title(row: Row) -> str:
+    group = ""
+    if row.get("group", "world") != "world":
+        group = f"  group {row['group']}: {row.get('n_groups')} x {row.get('group_size')} ranks at once"
     return (
-        f"# {row['collective']}  backend {row['backend']}  {row['world_size']} ranks on {row['nodes']} node(s)  "
-        f"payload {row['payload']}"
+        f"# {row['collective']}  backend {row['backend']}  {row['world_size']} ranks on {row['nodes']} node(s)"
+        f"{group}  payload {row['payload']}"
     )
 
 
