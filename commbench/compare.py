@@ -37,7 +37,9 @@ __all__ = [
     "resolve_labels",
 ]
 
-ALIGN_KEYS = ["collective", "precision", "size_bytes"]
+ALIGN_KEYS = ["collective", "precision", "group", "size_bytes"]
+"""A point is the same point in two runs when these agree (group: world, intra, inter; "world" for runs
+written before groups existed)."""
 LINESTYLES = ["-", "--", ":", "-."]
 
 # metadata fields that make a comparison unfair when they differ, with why (shown to the user).
@@ -112,6 +114,7 @@ def _points(run: RunData) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=[*ALIGN_KEYS, "busbw_gbps", "time_us", "effective_gbps"])
     df = speed_rows(df)
+    df = df.assign(group=df["group"].fillna("world") if "group" in df.columns else "world")
     vals = [
         c
         for c in ("busbw_gbps", "time_us", "time_ci_low_us", "time_ci_high_us", "algbw_gbps", "effective_gbps")
@@ -139,17 +142,18 @@ def aligned(runs: list[RunData], labels: list[str]) -> pd.DataFrame:
 def ratio_table(al: pd.DataFrame, labels: list[str]) -> Table:
     """Per aligned point: baseline busbw and time, then per other run busbw B/A and time B/A."""
     a = labels[0]
-    cols = ["collective", "precision", "size", f"busbw {a} (GB/s)", f"time {a} (us)"]
+    cols = ["collective", "precision", "group", "size", f"busbw {a} (GB/s)", f"time {a} (us)"]
     for b in labels[1:]:
         cols += [f"busbw {b}", f"busbw {b}/{a}", f"time {b}", f"time {b}/{a}"]
     rows = []
     colls = order(al["collective"].unique(), COLLECTIVE_ORDER) if len(al) else []
     for coll in colls:
-        g = al[al["collective"] == coll].sort_values(["precision", "size_bytes"])
+        g = al[al["collective"] == coll].sort_values(["group", "precision", "size_bytes"])
         for _, r in g.iterrows():
             row = [
                 str(r["collective"]),
                 str(r["precision"]),
+                str(r["group"]),
                 human_size(float(r["size_bytes"])),
                 fmt(r.get(f"busbw_gbps|{a}")),
                 fmt(r.get(f"time_us|{a}")),
@@ -223,7 +227,7 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
     if al.empty:
         return pd.DataFrame(columns=COMPARE_COLUMNS)
     for b in labels[1:]:
-        for (coll, prec), g in al.groupby(["collective", "precision"], sort=False):
+        for (coll, prec, grp), g in al.groupby(["collective", "precision", "group"], sort=False):
             g = g.sort_values("size_bytes")
             ests = [stats.ratio_of(_estimate(r, b), _estimate(r, a)) for _, r in g.iterrows()]
             logr = np.array([math.log(e.value) if e.value > 0 else math.nan for e in ests])
@@ -249,7 +253,7 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
                     verdict = f"{b} faster" if hi < 1 else f"{b} slower"
                 rows.append(
                     {
-                        "collective": coll, "precision": prec, "size_bytes": int(r["size_bytes"]),
+                        "collective": coll, "precision": prec, "group": grp, "size_bytes": int(r["size_bytes"]),
                         "baseline": a, "run": b, "time_us_baseline": ta, "time_us_run": tb,
                         "time_ratio": ratio, "time_ratio_ci_low": lo, "time_ratio_ci_high": hi,
                         "busbw_ratio": 1.0 / ratio if ratio > 0 else math.nan,
@@ -260,7 +264,7 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
 
 
 COMPARE_COLUMNS = [
-    "collective", "precision", "size_bytes", "baseline", "run", "time_us_baseline", "time_us_run",
+    "collective", "precision", "group", "size_bytes", "baseline", "run", "time_us_baseline", "time_us_run",
     "time_ratio", "time_ratio_ci_low", "time_ratio_ci_high", "busbw_ratio", "significant", "verdict",
 ]  # fmt: skip
 """Columns of compare.csv: time_ratio = run / baseline (< 1: the run is faster), with its 95 % interval."""
@@ -289,7 +293,7 @@ def significance_table(rf: pd.DataFrame) -> Table:
 def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None = None) -> Table:
     """Geometric-mean ratios per collective x precision (the right mean for ratios)."""
     a = labels[0]
-    cols = ["collective", "precision", "points"]
+    cols = ["collective", "precision", "group", "points"]
     for b in labels[1:]:
         cols += [f"busbw {b}/{a} (geomean)", f"time {b}/{a} (geomean)", "95 % CI", "verdict", f"busbw {b}/{a} @ largest"]
     rows = []
@@ -298,15 +302,15 @@ def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None =
         porder = order(al["precision"].unique(), (FP32_PRECISION,))
         al = al.assign(_c=al["collective"].map(corder.index), _p=al["precision"].map(porder.index))
         al = al.sort_values(["_c", "_p", "size_bytes"])
-        for (coll, prec), g in al.groupby(["collective", "precision"], sort=False):
+        for (coll, prec, grp), g in al.groupby(["collective", "precision", "group"], sort=False):
             g = g.sort_values("size_bytes")
-            row = [str(coll), str(prec), str(len(g))]
+            row = [str(coll), str(prec), str(grp), str(len(g))]
             for b in labels[1:]:
                 bus = g[f"busbw_gbps|{b}"] / g[f"busbw_gbps|{a}"]
                 tim = g[f"time_us|{b}"] / g[f"time_us|{a}"]
                 ci, verdict = "n/a", "no interval"
                 if rf is not None and len(rf):
-                    fam = rf[(rf["collective"] == coll) & (rf["precision"] == prec) & (rf["run"] == b)]
+                    fam = rf[(rf["collective"] == coll) & (rf["precision"] == prec) & (rf["group"] == grp) & (rf["run"] == b)]
                     gm = stats.geometric_mean_ci(
                         [stats.Estimate(float(x.time_ratio), float(x.time_ratio_ci_low), float(x.time_ratio_ci_high), 0)
                          for x in fam.itertuples() if pd.notna(x.time_ratio_ci_low)]
@@ -439,12 +443,12 @@ def console_lines(compare_csv: Path, width: int | None = None) -> list[str]:
     rf = pd.read_csv(compare_csv)
     if rf.empty:
         return ["# compare: the runs have no point in common"]
-    out = [f"# {'collective':<15} {'precision':<14} {'size':>8} {'run':<12} {'time B/A':>8} {'95 % CI':>13}  verdict"]
+    out = [f"# {'collective':<15} {'precision':<14} {'group':<6} {'size':>8} {'run':<12} {'time B/A':>8} {'95 % CI':>11}  verdict"]
     for r in rf.itertuples():
         ci = f"{r.time_ratio_ci_low:.2f}-{r.time_ratio_ci_high:.2f}" if pd.notna(r.time_ratio_ci_low) else "n/a"
         out.append(
-            f"  {str(r.collective)[:15]:<15} {str(r.precision)[:14]:<14} {human_size(float(r.size_bytes)):>8} "
-            f"{str(r.run)[:12]:<12} {r.time_ratio:>8.3f} {ci:>13}  {r.verdict}"
+            f"  {str(r.collective)[:15]:<15} {str(r.precision)[:14]:<14} {str(r.group)[:6]:<6} "
+            f"{human_size(float(r.size_bytes)):>8} {str(r.run)[:12]:<12} {r.time_ratio:>8.3f} {ci:>11}  {r.verdict}"
         )
     sig = rf["significant"].map(lambda v: v is True or str(v) == "True")
     out.append(f"# {int(sig.sum())} of {len(rf)} ratios significant (95 % interval excludes 1)")

@@ -49,15 +49,15 @@ def test_compare_two_real_runs(real_run_dir: Path, real_run_b: Path, tmp_path: P
         row = next(
             row
             for row in table.rows
-            if row[0] == r["collective"] and row[1] == r["precision"] and row[2] == compare.human_size(r["size_bytes"])
+            if row[0] == r["collective"] and row[1] == r["precision"] and row[3] == compare.human_size(r["size_bytes"])
         )
         assert row[col_bus] == fmt(r["busbw_gbps_b"] / r["busbw_gbps_a"])
         assert row[col_time] == fmt(r["time_us_b"] / r["time_us_a"])
     # the summary uses the geometric mean of B/A over the aligned sizes
     g = m[(m["collective"] == "all_reduce") & (m["precision"] == "fp32")]
     gm = math.exp(sum(math.log(x) for x in g["busbw_gbps_b"] / g["busbw_gbps_a"]) / len(g))
-    line = next(ln for ln in md.splitlines() if ln.startswith(f"| all_reduce | fp32 | {len(g)} | "))
-    assert float(line.split(" | ")[3]) == pytest.approx(gm, rel=1e-3)  # 4 significant digits shown
+    line = next(ln for ln in md.splitlines() if ln.startswith(f"| all_reduce | fp32 | world | {len(g)} | "))
+    assert float(line.split(" | ")[4]) == pytest.approx(gm, rel=1e-3)  # 4 significant digits shown
 
 
 def test_warnings_for_unfair_comparisons(tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_a_compare_figure_registered_here_appears_in_the_comparison(tmp_path: Pa
 def _aligned(times_a: list[float], times_b: list[float], rel_ci: float) -> pd.DataFrame:
     rows = []
     for i, (ta, tb) in enumerate(zip(times_a, times_b, strict=True)):
-        row: dict[str, object] = {"collective": "all_reduce", "precision": "fp32", "size_bytes": 1024 * 4**i}
+        row: dict[str, object] = {"collective": "all_reduce", "precision": "fp32", "group": "world", "size_bytes": 1024 * 4**i}
         for lab, t in (("A", ta), ("B", tb)):
             row[f"time_us|{lab}"] = t
             row[f"time_ci_low_us|{lab}"] = t * (1 - rel_ci)
