@@ -154,6 +154,7 @@ class Sweep:
             wrong=wrong_total,
             tolerance=tol,
             rel_err=rel_err,
+            comm_rel_err=chk.comm_rel_err,
             max_abs_err=max_abs,
             timestamp=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         )
