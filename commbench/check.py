@@ -209,3 +209,90 @@ def check_point(
         max_abs_err=max_abs,
         timing_input=mine,
     )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Memory: refuse a suite whose buffers cannot fit before the first point allocates them.
+
+
+def _largest_layouts(suite: SuiteConfig, n: int) -> list[tuple[int, Collective, Layout]]:
+    from commbench.collectives import get_collective
+
+    out = []
+    for c in suite.collectives:
+        coll = get_collective(c)
+        for s in suite.sizes():
+            total = coll.round_total(s // 4, n)
+            if total >= n:
+                out.append((s, coll, coll.layout(total, n)))
+    return out
+
+
+def point_memory(suite: SuiteConfig, n: int, backend: str) -> list[tuple[int, int, int]]:
+    """(fp32 size, device bytes, host bytes) per rank at each size of the suite, worst collective.
+
+    Device bytes: the ops of every precision the backend runs at that size, alive at once (the timing keeps
+    all precisions of one size interleaved). Host bytes: the correctness and error passes' float64 data (each
+    rank regenerates its peers' inputs up to LOCAL_REFERENCE_MAX_RANKS, plus the reference outputs and the
+    decoded result), and on a CPU device the ops as well (added by the caller)."""
+    from commbench.precision import get_precision
+
+    per_size: dict[int, tuple[int, int]] = {}
+    for size, coll, layout in _largest_layouts(suite, n):
+        precs = [get_precision(p) for p in suite.precisions]
+        dev = sum(p.buffer_bytes(coll, layout, n) for p in precs if p.supports(coll, backend))
+        peers = n if n <= LOCAL_REFERENCE_MAX_RANKS else 1
+        host = 8 * (peers * layout.input_numel + 8 * layout.output_numel)
+        d0, h0 = per_size.get(size, (0, 0))
+        per_size[size] = (max(d0, dev), max(h0, host))
+    return [(s, d, h) for s, (d, h) in sorted(per_size.items())]
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.1f} GB"
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (what the kernel can hand out without swapping), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_problem(
+    suite: SuiteConfig,
+    n: int,
+    backend: str,
+    local_ranks: int,
+    on_gpu: bool,
+    host_free: int | None,
+    device_free: int | None,
+) -> str | None:
+    """One line saying why the suite's largest sizes cannot fit, naming the largest size that does; None
+    when everything fits (or nothing is known about free memory)."""
+    from commbench.config import format_size
+
+    rows = point_memory(suite, n, backend)
+    if not rows:
+        return None
+
+    def fits(dev: int, host: int) -> tuple[bool, str]:
+        host_total = local_ranks * (host + (0 if on_gpu else dev))
+        if host_free is not None and host_total > host_free:
+            return False, f"{local_ranks} rank(s) on this host need about {_gb(host_total)} of host memory, {_gb(host_free)} available"
+        if on_gpu and device_free is not None and dev > device_free:
+            return False, f"each rank needs about {_gb(dev)} of device memory, {_gb(device_free)} free"
+        return True, ""
+
+    ok_sizes = [s for s, dv, h in rows if fits(dv, h)[0]]
+    size, dev, host = rows[-1]
+    good, why = fits(dev, host)
+    if good:
+        return None
+    hint = f"use -e {format_size(max(ok_sizes))} or less" if ok_sizes else "no size of this suite fits"
+    return f"-e {format_size(size)} cannot fit: at that size {why}; {hint}"

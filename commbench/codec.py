@@ -94,6 +94,14 @@ class CodecPrecision(Precision):
         contributions = n if collective.reduces else 1
         return self.codec.error_bound(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
 
+    def buffer_bytes(self, collective: Collective, layout: Layout, n: int) -> int:
+        # fp32 input and output, and a send and a receive wire of n chunks per encoding stage (all_reduce:
+        # the exchange and the gather, plus the gathered fp32 output)
+        m = -(-max(layout.input_numel, layout.output_numel) // n)
+        wire = n * self.codec.wire_bytes(m)
+        stages = collective.chunked_encodings
+        return 4 * (layout.input_numel + layout.output_numel) * stages + 2 * wire * stages
+
     def check_tolerance(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
         contributions = n if collective.reduces else 1
         return self.codec.check_tolerance(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)

@@ -103,6 +103,14 @@ class Precision(ABC):
         """
         return 0.0
 
+    def buffer_bytes(self, collective: Collective, layout: Layout, n: int) -> int:
+        """Bytes the op of one point allocates on its device (an estimate made before allocating: the user's
+        input and output in ``input_dtype``, and the wire's input and output where the wire dtype differs)."""
+        user = (layout.input_numel + layout.output_numel) * self.input_dtype.itemsize
+        if self.wire_dtype == self.input_dtype:
+            return user
+        return user + (layout.input_numel + layout.output_numel) * self.wire_dtype.itemsize
+
     def check_tolerance(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
         """Per-element tolerance of the ``wrong`` count on :func:`commbench.check.exact_inputs`: what the
         precision really loses on those inputs. By default the general :meth:`error_bound`; a precision that
