@@ -188,7 +188,7 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         spawn_local,
     )
     from commbench.orchestrate import check_resume, default_run_dir, memory_check, report_after_run, run_worker
-    from commbench.results import RunDirError, check_new_run_dir, load_metadata
+    from commbench.results import LOGS_DIR, RunDirError, check_new_run_dir, load_metadata
 
     suite = resolve_suite(args)  # validate before anything is spawned or written
     info = detect_world()
@@ -235,7 +235,7 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
             child_argv += ["--out", str(out)]
     os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed, not our re-exec
     try:
-        spawn_local(child_argv + ["--no-report"], nproc, timeout_s=args.timeout, log_dir=out / "logs")
+        spawn_local(child_argv + ["--no-report"], nproc, timeout_s=args.timeout, log_dir=out / LOGS_DIR)
     except RankFailure as e:
         print(f"commbench: error: {e}", file=sys.stderr)
         for line in e.ranks:

@@ -39,6 +39,10 @@ _JOURNALS = {"results": "rows.jsonl"}
 """Journal names that differ from ``<table>.jsonl`` (the results journal kept its schema-1 name)."""
 
 
+LOGS_DIR = "logs"
+"""Sub-directory of a run directory holding each locally spawned rank's log (``rank<r>.log``)."""
+
+
 def journal_name(table: str) -> str:
     return _JOURNALS.get(table, f"{table}.jsonl")
 
@@ -275,7 +279,8 @@ def check_new_run_dir(run_dir: Path) -> None:
     if run_dir.exists():
         if not run_dir.is_dir():
             raise RunDirError(f"output path {run_dir} exists and is not a directory")
-        if any(run_dir.iterdir()):
+        # the launcher may have opened the rank logs already: a directory holding only them is still new
+        if any(p.name != LOGS_DIR for p in run_dir.iterdir()):
             raise RunDirError(f"output directory {run_dir} is not empty; choose a new --out or use --resume {run_dir}")
     parent = run_dir
     while not parent.exists():
