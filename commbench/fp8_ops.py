@@ -115,6 +115,24 @@ def native_fp8_available(backend: str, device: torch.device | None = None) -> bo
     return tuple(version[:2]) >= (2, 24)
 
 
+def _scale_pieces(start: int, n: int, run: int) -> list[tuple[int, int, int, int]]:
+    """Output elements ``[0, n)`` at offset ``start`` of a vector scaled per ``run`` elements, as pieces
+    ``(lo, hi, first block, k)``: ``k`` whole blocks, or (``k == 0``) part of one block."""
+    pieces, i = [], 0
+    while i < n:
+        pos = start + i
+        block = pos // run
+        if pos % run == 0 and n - i >= run:
+            k = (n - i) // run
+            pieces.append((i, i + k * run, block, k))
+            i += k * run
+        else:
+            hi = min((block + 1) * run - start, n)
+            pieces.append((i, hi, block, 0))
+            i = hi
+    return pieces
+
+
 class _NativeOp:
     """Shared scale (all_reduce MAX of the amax, headroom for the n-way sum), then NCCL's own fp8 sum."""
 
@@ -144,9 +162,10 @@ class _NativeOp:
         self.scale = torch.ones_like(self.amax)
         self.run = sc.run_length(layout.input_numel)
         # Which scale each output element uses: the output covers this rank's slice of the summed vector
-        # (reduce_scatter) or all of it.
+        # (reduce_scatter) or all of it; runs of whole blocks are applied as (blocks, run) views, so decode
+        # needs no per-element index (a full-size int64 tensor) and no data-dependent step.
         start = collective.reduced_offset(dist.get_rank(group), layout)
-        self.scale_idx = torch.arange(start, start + layout.output_numel, device=device) // self.run
+        self.pieces = _scale_pieces(start, layout.output_numel, self.run)
         self.wire_bytes = layout.total * 1 + 4 * sc.wire_scale_count(layout.input_numel)
 
     def _blocks(self, t: torch.Tensor) -> torch.Tensor:
@@ -174,11 +193,14 @@ class _NativeOp:
         self.coll.run(self.wire_in, self.wire_out, self.group)
 
     def decode(self) -> None:
-        v = self.wire_out.float()
+        self.y.copy_(self.wire_out)
         if not self.scaling.scaled:
-            self.y.copy_(v)
             return
-        torch.mul(v, self.scale[self.scale_idx], out=self.y)
+        for lo, hi, block, k in self.pieces:
+            if k:
+                self.y[lo:hi].view(k, self.run).mul_(self.scale[block : block + k].unsqueeze(1))
+            else:
+                self.y[lo:hi].mul_(self.scale[block])
 
     def result(self) -> torch.Tensor:
         return self.y
