@@ -70,6 +70,7 @@ __all__ = [
     "Fp8Format",
     "dequantize",
     "error_bound",
+    "codec_info",
     "get_format",
     "num_scales",
     "quantize",
@@ -482,6 +483,16 @@ def kernel_status() -> str:
     if _kernel.available(torch.device("cpu")):
         return "c"
     return f"torch ({_kernel.error})"
+
+
+def codec_info(device: torch.device) -> str:
+    """Which fp8 codec runs on ``device``, for the run's metadata: ``kernel (<compiler and version>)`` or
+    ``torch (<why not the kernel>)``. The two differ several-fold in encode/decode time, so crossovers depend
+    on it."""
+    if _kernel.available(device):
+        return f"kernel ({_kernel.compiler or 'compiler unknown'})"
+    reason = _kernel.error if device.type == "cpu" else f"the C kernel is CPU-only, this is {device.type}"
+    return f"torch ({reason})"
 
 
 def use_kernel(enabled: bool) -> None:

@@ -125,7 +125,13 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         writer: RunWriter | None = None
         problem = ""
         out = args.resume or args.out or default_run_dir(d.backend, d.world_size)
-        if d.rank == 0:
+        try:
+            from commbench.metadata import agree_fp8_codec
+
+            agree_fp8_codec(d)
+        except ValueError as e:
+            problem = str(e)
+        if d.rank == 0 and not problem:
             try:
                 memory_check(suite, d.world_size, d.backend, d.info.local_world_size, d.device)
                 if args.resume is not None:

@@ -101,6 +101,16 @@ def _world(rank: int, n: int) -> dict[str, Any]:
                 self.seen.append(f"{func} with a boolean mask (nonzero on a GPU)")
             return func(*args, **(kwargs or {}))
 
+    from commbench.metadata import agree_fp8_codec
+
+    out["agreed"] = agree_fp8_codec(d)
+    fp8.use_kernel(rank == 0)  # rank 1 falls back to the torch codec
+    try:
+        agree_fp8_codec(d)
+    except ValueError as e:
+        out["disagree"] = str(e)
+    fp8.use_kernel(True)
+
     control = NoHostSync()
     with control:  # the mode must see what it is meant to catch
         bool(torch.ones(2).sum() > 1), torch.ones(1).item(), torch.arange(4)[torch.arange(4) > 1]
@@ -166,3 +176,9 @@ def test_comm_rel_err_separates_native_from_cast(world: dict[str, Any]) -> None:
 def test_no_host_sync_in_timed_phases(world: dict[str, Any]) -> None:
     assert any("_local_scalar_dense" in s for s in world["control"]) and any("boolean mask" in s for s in world["control"])
     assert world["sync"] == []
+
+
+def test_fp8_codec_recorded_and_ranks_must_agree(world: dict[str, Any]) -> None:
+    assert world["agreed"].startswith(("kernel (", "torch ("))
+    msg = world.get("disagree", "")
+    assert "ranks disagree on the fp8 codec" in msg and "rank(s) 1: torch (" in msg and "\n" not in msg
