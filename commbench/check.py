@@ -42,10 +42,34 @@ def payload(kind: str, numel: int, seed: int) -> torch.Tensor:
 
 
 def exact_inputs(numel: int, rank: int) -> torch.Tensor:
-    """Integers in [-2, 2] whose sum over any 5 consecutive ranks is 0, so partial sums stay small and every
-    format carries them exactly (the idea of nccl-tests' -c data)."""
+    """Check inputs every precision carries exactly, with magnitudes that differ between chunks and blocks
+    (the idea of nccl-tests' -c data, made sharp enough to catch a misapplied scale).
+
+    Element ``i`` of rank ``r`` is ``v * 2**e``:
+
+    - ``v = (7i + 3r) mod 5 - 2`` in [-2, 2] (its sum over any 5 consecutive ranks is 0), and rank 0 sends
+      ``2 * (v + 1)`` in {-2, 0, 2, 4, 6} instead, so rank 0's chunks need another scale than its peers', and
+      the sum over any number of ranks stays within [-3, 7] and is never identically 0 (a negated or zeroed
+      result shows at every world size);
+    - ``e = floor(3i / numel) + f(i // 16)`` with ``f`` cycling 0,1,0,1,0,2,0,2,1,2,1: the third of the tensor
+      sets a coarse magnitude (so the per-destination chunks of every collective differ), the run of 16 a fine
+      one (so neighbouring blocks of 16..64 differ).
+
+    Every value and every sum over ranks then has at most 3 significant bits and a magnitude in [1, 112]:
+    exact in fp16, bf16, fp8 e5m2 (3 significant bits) and e4m3 (4), scaled or not, and in fp32 sums.
+    """
     i = torch.arange(numel, dtype=torch.int64)
-    return ((i * 7 + rank * 3) % 5 - 2).to(torch.float64)
+    v = (i * 7 + rank * 3) % 5 - 2
+    if rank == 0:
+        v = 2 * (v + 1)
+    fine = torch.tensor(_FINE, dtype=torch.int64)[(i // 16) % len(_FINE)]
+    e = (3 * i) // max(numel, 1) + fine
+    return (v * (1 << e)).to(torch.float64)
+
+
+_FINE = (0, 1, 0, 1, 0, 2, 0, 2, 1, 2, 1)
+"""Fine magnitude exponents of successive runs of 16 check elements ((7k mod 11) mod 3: no period a power
+of two, so blocks of any power-of-two size see different maxima)."""
 
 
 def point_seed(base: int, rank: int, fp32_bytes: int) -> int:
@@ -53,18 +77,35 @@ def point_seed(base: int, rank: int, fp32_bytes: int) -> int:
 
 
 def references(
-    d: Dist, coll: Collective, layout: Layout, make: Callable[[int], torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(this rank's input, expected output, expected output of |inputs|), all float64 on the CPU.
+    d: Dist,
+    coll: Collective,
+    layout: Layout,
+    make: Callable[[int], torch.Tensor],
+    given: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(this rank's input, expected output, expected output of |inputs|, expected output of the inputs as
+    given: rounded to ``given``, the precision's input dtype), all float64 on the CPU.
+
+    The first expectation is the total error's reference (the user's exact data); the last is what the
+    communication alone is measured against (a lossless collective matches it exactly).
 
     Up to LOCAL_REFERENCE_MAX_RANKS the expectation is computed locally from every rank's regenerated
     input: independent of the backend under test. Beyond that, regenerating every peer's input costs
     O(world x size) per rank, so the reference is the same collective run in float64 on the backend.
     """
+
+    def rounded(x: torch.Tensor) -> torch.Tensor:
+        return x.to(given).to(torch.float64) if given is not None else x
+
     mine = make(d.rank)
     if d.world_size <= LOCAL_REFERENCE_MAX_RANKS:
         inputs = [mine if r == d.rank else make(r) for r in range(d.world_size)]
-        return mine, coll.reference(inputs, d.rank), coll.reference([x.abs() for x in inputs], d.rank)
+        return (
+            mine,
+            coll.reference(inputs, d.rank),
+            coll.reference([x.abs() for x in inputs], d.rank),
+            coll.reference([rounded(x) for x in inputs], d.rank),
+        )
 
     def fp64_collective(x: torch.Tensor) -> torch.Tensor:
         inp = x.to(d.device)
@@ -72,7 +113,11 @@ def references(
         coll.run(inp, out, getattr(d, "pg", None))
         return out.cpu()
 
-    return mine, fp64_collective(mine), fp64_collective(mine.abs())
+    return mine, fp64_collective(mine), fp64_collective(mine.abs()), fp64_collective(rounded(mine))
+
+
+def _rel(sq_diff: float, sq_ref: float) -> float:
+    return math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,20 +127,40 @@ class Check:
     wrong: int
     tolerance: float
     rel_err: float
+    """Total: the result against the float64 result of the user's exact (float64) payload."""
+    comm_rel_err: float
+    """What the communication adds: the result against the float64 result of the inputs as given (rounded to
+    the precision's input dtype); 0 for a lossless collective."""
     max_abs_err: float
     timing_input: torch.Tensor
     """This rank's payload (float64, CPU): the timing phases run on it."""
 
 
-def check_point(
-    d: Dist, suite: SuiteConfig, coll: Collective, prec: Precision, layout: Layout, op: PointOp, fp32_bytes: int
-) -> Check:
-    """Run the correctness pass (when ``suite.check``) and the error pass of one point through ``op``."""
+AfterComm = Callable[[PointOp], None]
+"""A test hook run between ``comm`` and ``decode`` of the correctness pass (faults go into ``op.received()``)."""
 
-    def roundtrip(x: torch.Tensor) -> torch.Tensor:
+
+def check_point(
+    d: Dist,
+    suite: SuiteConfig,
+    coll: Collective,
+    prec: Precision,
+    layout: Layout,
+    op: PointOp,
+    fp32_bytes: int,
+    after_comm: AfterComm | None = None,
+) -> Check:
+    """Run the correctness pass (when ``suite.check``) and the error pass of one point through ``op``.
+
+    ``after_comm`` (tests only) edits the received wire of the correctness pass before it is decoded."""
+
+    def roundtrip(x: torch.Tensor, hook: AfterComm | None = None) -> torch.Tensor:
         op.load(x.to(device=d.device, dtype=prec.input_dtype))
         op.encode()
         op.comm()
+        if hook is not None:
+            d.sync()
+            hook(op)
         op.decode()
         d.sync()
         return op.result().to(device="cpu", dtype=torch.float64)
@@ -103,16 +168,19 @@ def check_point(
     wrong = 0
     tol = 0.0
     if suite.check:
-        mine, ref, abs_ref = references(d, coll, layout, lambda r: exact_inputs(layout.input_numel, r))
-        got = roundtrip(mine)
-        bound = prec.error_bound(coll, abs_ref, d.world_size)
+        mine, ref, abs_ref, _ = references(d, coll, layout, lambda r: exact_inputs(layout.input_numel, r))
+        got = roundtrip(mine, after_comm)
+        bound = prec.check_tolerance(coll, abs_ref, d.world_size)
         bad = ~((got - ref).abs() <= bound)  # NaN compares false: counted wrong
         tol = float(torch.as_tensor(bound).max()) if isinstance(bound, torch.Tensor) else float(bound)
         wrong = int(bad.sum())
     seeds = [point_seed(suite.seed, r, fp32_bytes) for r in range(d.world_size)]
-    mine, ref, _ = references(d, coll, layout, lambda r: payload(suite.payload, layout.input_numel, seeds[r]))
+    mine, ref, _, given = references(
+        d, coll, layout, lambda r: payload(suite.payload, layout.input_numel, seeds[r]), prec.input_dtype
+    )
     got = roundtrip(mine)
     diff = got - ref
+    comm_diff = got - given
     finite = bool(torch.isfinite(got).all())
     err = torch.tensor(
         [
@@ -121,15 +189,110 @@ def check_point(
             float(diff.abs().max()) if finite else math.inf,
             float(wrong),
             tol,
+            float((comm_diff * comm_diff).sum()) if finite else math.inf,
+            float((given * given).sum()),
         ],
         dtype=torch.float64,
     )
     stats = d.gather_floats(err.tolist())
-    sq_diff = sum(s[0] for s in stats)
-    sq_ref = sum(s[1] for s in stats)
     max_abs = max(s[2] for s in stats)
     wrong_total = int(sum(s[3] for s in stats))
     tol = max(s[4] for s in stats)
-    rel_err = math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
-    del ref, diff, got
-    return Check(wrong=wrong_total, tolerance=tol, rel_err=rel_err, max_abs_err=max_abs, timing_input=mine)
+    rel_err = _rel(sum(s[0] for s in stats), sum(s[1] for s in stats))
+    comm_rel_err = _rel(sum(s[5] for s in stats), sum(s[6] for s in stats))
+    del ref, diff, got, given, comm_diff
+    return Check(
+        wrong=wrong_total,
+        tolerance=tol,
+        rel_err=rel_err,
+        comm_rel_err=comm_rel_err,
+        max_abs_err=max_abs,
+        timing_input=mine,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Memory: refuse a suite whose buffers cannot fit before the first point allocates them.
+
+
+def _largest_layouts(suite: SuiteConfig, n: int) -> list[tuple[int, Collective, Layout]]:
+    from commbench.collectives import get_collective
+
+    out = []
+    for c in suite.collectives:
+        coll = get_collective(c)
+        for s in suite.sizes():
+            total = coll.round_total(s // 4, n)
+            if total >= n:
+                out.append((s, coll, coll.layout(total, n)))
+    return out
+
+
+def point_memory(suite: SuiteConfig, n: int, backend: str) -> list[tuple[int, int, int]]:
+    """(fp32 size, device bytes, host bytes) per rank at each size of the suite, worst collective.
+
+    Device bytes: the ops of every precision the backend runs at that size, alive at once (the timing keeps
+    all precisions of one size interleaved). Host bytes: the correctness and error passes' float64 data (each
+    rank regenerates its peers' inputs up to LOCAL_REFERENCE_MAX_RANKS, plus the reference outputs and the
+    decoded result), and on a CPU device the ops as well (added by the caller)."""
+    from commbench.precision import get_precision
+
+    per_size: dict[int, tuple[int, int]] = {}
+    for size, coll, layout in _largest_layouts(suite, n):
+        precs = [get_precision(p) for p in suite.precisions]
+        dev = sum(p.buffer_bytes(coll, layout, n) for p in precs if p.supports(coll, backend))
+        peers = n if n <= LOCAL_REFERENCE_MAX_RANKS else 1
+        host = 8 * (peers * layout.input_numel + 8 * layout.output_numel)
+        d0, h0 = per_size.get(size, (0, 0))
+        per_size[size] = (max(d0, dev), max(h0, host))
+    return [(s, d, h) for s, (d, h) in sorted(per_size.items())]
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.1f} GB"
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (what the kernel can hand out without swapping), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_problem(
+    suite: SuiteConfig,
+    n: int,
+    backend: str,
+    local_ranks: int,
+    on_gpu: bool,
+    host_free: int | None,
+    device_free: int | None,
+) -> str | None:
+    """One line saying why the suite's largest sizes cannot fit, naming the largest size that does; None
+    when everything fits (or nothing is known about free memory)."""
+    from commbench.config import format_size
+
+    rows = point_memory(suite, n, backend)
+    if not rows:
+        return None
+
+    def fits(dev: int, host: int) -> tuple[bool, str]:
+        host_total = local_ranks * (host + (0 if on_gpu else dev))
+        if host_free is not None and host_total > host_free:
+            return False, f"{local_ranks} rank(s) on this host need about {_gb(host_total)} of host memory, {_gb(host_free)} available"
+        if on_gpu and device_free is not None and dev > device_free:
+            return False, f"each rank needs about {_gb(dev)} of device memory, {_gb(device_free)} free"
+        return True, ""
+
+    ok_sizes = [s for s, dv, h in rows if fits(dv, h)[0]]
+    size, dev, host = rows[-1]
+    good, why = fits(dev, host)
+    if good:
+        return None
+    hint = f"use -e {format_size(max(ok_sizes))} or less" if ok_sizes else "no size of this suite fits"
+    return f"-e {format_size(size)} cannot fit: at that size {why}; {hint}"

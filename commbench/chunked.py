@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from commbench.codec import Codec
 from commbench.collectives import COLLECTIVES, Collective
+from commbench.precision import ReceivedChunk
 
 _ALL_TO_ALL = COLLECTIVES["all_to_all"]
 _ALL_GATHER = COLLECTIVES["all_gather"]
@@ -81,6 +82,12 @@ class ChunkWire:
             return self.wire[i * self.stride : i * self.stride + self.code_bytes]
         return self.codes_buf[i * self.code_bytes : (i + 1) * self.code_bytes]
 
+    def received(self) -> list[ReceivedChunk]:
+        """Every chunk's code and travelling-scale bytes (views into the wire)."""
+        return [
+            ReceivedChunk(self.codes(i), max(1, self.code_bytes // max(self.m, 1)), self._scale_slot(i) if self.s_wire else None) for i in range(self.n)
+        ]
+
     def _scale_slot(self, i: int) -> torch.Tensor:
         """Chunk ``i``'s travelling scales as bytes on the wire."""
         if self.packed:
@@ -118,12 +125,17 @@ class _ChunkedOp:
     """Shared state of the point ops (the sweep's ``PointOp`` protocol: load, encode, comm, decode, result)."""
 
     has_codec = True
+    recv: ChunkWire
 
     def __init__(self, codec: Codec, group: dist.ProcessGroup | None) -> None:
         self.codec = codec
         self.group = group
         self.n = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+
+    def received(self) -> list[ReceivedChunk]:
+        """The received chunks ``decode`` reads, for fault injection."""
+        return self.recv.received()
 
 
 class ChunkedAllGather(_ChunkedOp):
@@ -270,6 +282,10 @@ class ChunkedAllReduce(ChunkedReduceScatter):
     def decode(self) -> None:
         for r in range(self.n):
             self.grecv.decode(r, self.out[r * self.m : (r + 1) * self.m])
+
+    def received(self) -> list[ReceivedChunk]:
+        """The gathered partial sums (the last stage's received chunks)."""
+        return self.grecv.received()
 
     def result(self) -> torch.Tensor:
         return self.out[: self.total]

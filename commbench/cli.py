@@ -218,25 +218,49 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
 
 
 def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
-    from commbench.launch import RankFailure, default_nproc, detect_world, resolve_backend, spawn_local
-    from commbench.orchestrate import default_run_dir, report_after_run, run_worker
-    from commbench.results import RunDirError, check_new_run_dir, load_metadata
+    from commbench.launch import (
+        RankFailure,
+        check_local_nproc,
+        default_nproc,
+        detect_world,
+        resolve_backend,
+        spawn_local,
+    )
+    from commbench.orchestrate import check_resume, default_run_dir, memory_check, report_after_run, run_worker
+    from commbench.results import LOGS_DIR, RunDirError, check_new_run_dir, load_metadata
 
     suite = resolve_suite(args)  # validate before anything is spawned or written
     info = detect_world()
     if info is not None:
         return run_worker(args, suite)
-    nproc = args.nproc if args.nproc is not None else default_nproc()
+    meta = load_metadata(args.resume) if args.resume is not None else None
+    if args.nproc is not None:
+        nproc = args.nproc
+    elif meta is not None:
+        # a resumed local run continues with the world it started with
+        nproc = meta.get("world_size")
+        if not isinstance(nproc, int) or nproc < 1:
+            raise CLIError(f"cannot resume {args.resume}: its metadata.json records no world size (an imported run?)")
+    else:
+        nproc = default_nproc()
     if nproc < 1:
         raise CLIError(f"--nproc must be >= 1, got {nproc}")
-    backend = resolve_backend(args.backend, 0, nproc)
-    if args.resume is not None:
-        meta = load_metadata(args.resume)
+    check_local_nproc(nproc)
+    requested = args.backend
+    if meta is not None and requested == "auto" and isinstance(meta.get("backend"), str):
+        requested = meta["backend"]
+    backend = resolve_backend(requested, 0, nproc)
+    memory_check(suite, nproc, backend, nproc, _local_device(backend))
+    child_argv = list(argv)
+    if meta is not None:
         if meta.get("world_size") != nproc or meta.get("backend") != backend:
             raise CLIError(
                 f"cannot resume {args.resume}: it ran {meta.get('world_size')} ranks on {meta.get('backend')}, this run would use {nproc} on {backend}"
             )
+        check_resume(args.resume, meta, suite)
         out = args.resume
+        if args.backend == "auto":
+            child_argv += ["--backend", backend]
     else:
         out = args.out or default_run_dir(backend, nproc)
         try:
@@ -246,20 +270,30 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
             raise CLIError(str(e)) from None
         except OSError as e:
             raise CLIError(f"output directory {out} cannot be created: {e.strerror}") from None
-    child_argv = [a for a in argv]
-    if args.resume is None and args.out is None:
-        child_argv += ["--out", str(out)]
+        if args.out is None:
+            child_argv += ["--out", str(out)]
     os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed, not our re-exec
     try:
-        spawn_local(child_argv + ["--no-report"], nproc, timeout_s=args.timeout)
+        spawn_local(child_argv + ["--no-report"], nproc, timeout_s=args.timeout, log_dir=out / LOGS_DIR)
     except RankFailure as e:
         print(f"commbench: error: {e}", file=sys.stderr)
+        for line in e.ranks:
+            print(f"commbench:   {line}", file=sys.stderr)
         if (out / "metadata.json").exists():
             print(f"commbench: finished points are kept in {out} (continue with --resume {out})", file=sys.stderr)
         return 1
     if not args.no_report:
         report_after_run(out)
     return 0
+
+
+def _local_device(backend: str) -> Any:
+    """The device rank 0 of a local spawn will use (for the memory estimate)."""
+    if backend != "nccl":
+        return None
+    import torch
+
+    return torch.device("cuda", 0)
 
 
 def cmd_list(args: argparse.Namespace, argv: list[str]) -> int:

@@ -58,6 +58,11 @@ class Codec(ABC):
         """Per-element bound on ``|decoded - exact|`` for a result summing ``contributions`` encoded terms whose
         ``|x|`` sum to ``abs_sum`` (float64), encoded ``encodings`` times on the way (re-encoded partial sums)."""
 
+    def check_tolerance(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor | float:
+        """The tolerance of the ``wrong`` count on :func:`commbench.check.exact_inputs` (same arguments as
+        :meth:`error_bound`, which it is unless the codec carries those inputs exactly: then 0)."""
+        return self.error_bound(abs_sum, contributions, encodings)
+
 
 CodecFactory = Callable[[str | None], Codec]
 """Builds a codec from the option after the colon (``None`` when the name has none)."""
@@ -89,6 +94,18 @@ class CodecPrecision(Precision):
     def error_bound(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
         contributions = n if collective.reduces else 1
         return self.codec.error_bound(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
+
+    def buffer_bytes(self, collective: Collective, layout: Layout, n: int) -> int:
+        # fp32 input and output, and a send and a receive wire of n chunks per encoding stage (all_reduce:
+        # the exchange and the gather, plus the gathered fp32 output)
+        m = -(-max(layout.input_numel, layout.output_numel) // n)
+        wire = n * self.codec.wire_bytes(m)
+        stages = collective.chunked_encodings
+        return 4 * (layout.input_numel + layout.output_numel) * stages + 2 * wire * stages
+
+    def check_tolerance(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
+        contributions = n if collective.reduces else 1
+        return self.codec.check_tolerance(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
 
 
 def register_codec(base: str, factory: CodecFactory, options_help: str = "", impl: str = "codec_bytes") -> None:

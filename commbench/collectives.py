@@ -75,9 +75,15 @@ class Collective(ABC):
     def bus_factor(self, n: int) -> float:
         """nccl-tests' factor from algbw to busbw for ``n`` ranks."""
 
-    def round_total(self, total: int, n: int) -> int:
-        """Largest element count <= ``total`` the collective accepts for ``n`` ranks (nccl-tests rounds down)."""
-        return total - total % n
+    def round_total(self, total: int, n: int, elt_bytes: int = 4) -> int:
+        """Largest element count <= ``total`` the collective runs for ``n`` ranks, as nccl-tests rounds it.
+
+        nccl-tests (src/all_gather.cu, reduce_scatter.cu, alltoall.cu ``*GetCollByteCount``) rounds the
+        per-rank count down to a 16-byte multiple: ``base = (count/nranks) & -(16/eltSize)``, total
+        ``base * nranks``. ``elt_bytes`` is 4: commbench's sizes count the user's fp32 elements, so its rows line
+        up with an fp32 nccl-tests log of the same size."""
+        align = max(16 // elt_bytes, 1)
+        return n * ((total // n) // align * align)
 
     @abstractmethod
     def layout(self, total: int, n: int) -> Layout:
@@ -125,7 +131,7 @@ class AllReduce(Collective):
     def bus_factor(self, n: int) -> float:
         return 2.0 * (n - 1) / n
 
-    def round_total(self, total: int, n: int) -> int:
+    def round_total(self, total: int, n: int, elt_bytes: int = 4) -> int:
         return total
 
     def layout(self, total: int, n: int) -> Layout:

@@ -70,6 +70,7 @@ __all__ = [
     "Fp8Format",
     "dequantize",
     "error_bound",
+    "codec_info",
     "get_format",
     "num_scales",
     "quantize",
@@ -318,19 +319,24 @@ def _lut(fmt: str, device: torch.device) -> torch.Tensor:
 # Scales
 
 
-def _row_amax(rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """max |x| per row over finite values (0 when a row has none), and whether any value was non-finite."""
-    # amax/amin along a dim are vectorised reductions; abs() would materialise a full-size temporary.
-    # A row holds inf or NaN exactly when this max is not finite (max/min propagate NaN and reach +-inf).
-    amax = torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg())
-    bad = ~torch.isfinite(amax)
-    if not bool(bad.any()):
-        return amax, False
-    # Rare: recompute those rows over finite values only, so one inf does not poison its neighbours' scale.
-    sub = rows[bad]
-    sub = torch.where(torch.isfinite(sub), sub.abs(), torch.zeros((), dtype=sub.dtype, device=sub.device))
-    amax[bad] = sub.amax(dim=1)
-    return amax, True
+def _row_amax(rows: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """max |x| per row over the finite values (0 when a row has none).
+
+    Non-finite values are zeroed into ``scratch`` first, unconditionally: testing whether any exist would read
+    a flag back to the host, a device synchronisation inside the timed encode on a GPU."""
+    clean = scratch.view_as(rows)
+    torch.nan_to_num(rows, nan=0.0, posinf=0.0, neginf=0.0, out=clean)
+    # amax/amin along a dim are vectorised reductions; abs() would materialise another full-size temporary.
+    return torch.maximum(clean.amax(dim=1), clean.amin(dim=1).neg())
+
+
+def _inf_to_nan(t: torch.Tensor, scratch: torch.Tensor) -> None:
+    """``t``'s infinities become NaN of the same sign, in place, finite values and NaNs unchanged, without
+    a data-dependent branch: ``t - t`` is 0 for finite values and NaN otherwise, ``copysign`` keeps the sign.
+    (e4m3 has no inf, and torch's e4m3fn cast would saturate inf to 448: silently finite.)"""
+    torch.sub(t, t, out=scratch)
+    scratch.add_(t)
+    torch.copysign(scratch, t, out=t)
 
 
 def pow2_scales(amax: torch.Tensor, f: Fp8Format) -> torch.Tensor:
@@ -387,46 +393,29 @@ def quantize(
         _kernel.quantize(x, q, scales, f.kernel_code, sc.kernel_mode, sc.run_length(n))
         return q, scales
 
+    # No host synchronisation below (no data-dependent branch): on a GPU this runs inside timed phases.
     tmp = _workspace("f32", n, torch.float32, x.device)
-    nonfinite = False
+    spare = _workspace("f32b", n, torch.float32, x.device)
     if not sc.scaled:
         scales.fill_(1.0)
-        mn, mx = torch.aminmax(x)
-        lo, hi = float(mn), float(mx)
-        nonfinite = not (math.isfinite(lo) and math.isfinite(hi))
-        if lo < -f.max or hi > f.max or nonfinite:
-            # Saturate finite values (inf/NaN are fixed below, clamp would make inf finite).
-            torch.clamp(x, -f.max, f.max, out=tmp)
-            src = tmp
-        else:
-            src = x
-        q.view(f.dtype).copy_(src)
+        # Saturate finite values; clamp would make inf finite, so infinities are put back.
+        torch.clamp(x, -f.max, f.max, out=tmp)
+        torch.where(torch.isinf(x), x, tmp, out=tmp)
     else:
         for rows, sl in sc.rows(x):
-            amax, bad = _row_amax(rows)
-            nonfinite = nonfinite or bad
-            scales[sl].copy_(pow2_scales(amax, f))
+            scales[sl].copy_(pow2_scales(_row_amax(rows, spare[: rows.numel()]), f))
         for rows, sl in sc.rows(x):
-            torch.mul(rows, scales[sl].reciprocal().unsqueeze(1), out=tmp[: rows.numel()].view_as(rows))
-            q[_offset(rows, x) : _offset(rows, x) + rows.numel()].view(f.dtype).copy_(tmp[: rows.numel()])
-    if nonfinite:
-        _fix_nonfinite(x, q, f)
+            off = _offset(rows, x)
+            torch.mul(rows, scales[sl].reciprocal().unsqueeze(1), out=tmp[off : off + rows.numel()].view_as(rows))
+    if not f.has_inf:
+        _inf_to_nan(tmp, spare)
+    # NaN (either sign) casts to the format's NaN code with its sign; e5m2 keeps +-inf as +-inf.
+    q.view(f.dtype).copy_(tmp)
     return q, scales
 
 
 def _offset(view: torch.Tensor, base: torch.Tensor) -> int:
     return int(view.storage_offset()) - int(base.storage_offset())
-
-
-def _fix_nonfinite(x: torch.Tensor, q: torch.Tensor, f: Fp8Format) -> None:
-    """Codes of non-finite inputs: NaN -> NaN; inf -> inf (e5m2) or NaN (e4m3 has no inf)."""
-    sign = torch.signbit(x).to(torch.uint8) << 7
-    nan = ~torch.isfinite(x) if not f.has_inf else torch.isnan(x)
-    nan_code = 0x7F
-    q[nan] = nan_code | sign[nan]
-    if f.has_inf:
-        inf = torch.isinf(x)
-        q[inf] = 0x7C | sign[inf]
 
 
 def dequantize(
@@ -494,6 +483,16 @@ def kernel_status() -> str:
     if _kernel.available(torch.device("cpu")):
         return "c"
     return f"torch ({_kernel.error})"
+
+
+def codec_info(device: torch.device) -> str:
+    """Which fp8 codec runs on ``device``, for the run's metadata: ``kernel (<compiler and version>)`` or
+    ``torch (<why not the kernel>)``. The two differ several-fold in encode/decode time, so crossovers depend
+    on it."""
+    if _kernel.available(device):
+        return f"kernel ({_kernel.compiler or 'compiler unknown'})"
+    reason = _kernel.error if device.type == "cpu" else f"the C kernel is CPU-only, this is {device.type}"
+    return f"torch ({reason})"
 
 
 def use_kernel(enabled: bool) -> None:

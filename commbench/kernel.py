@@ -54,12 +54,32 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "commbench"
 
 
+_COMPILER: dict[str, str] = {}
+
+
+def compiler_version(cc: str) -> str:
+    """``cc``'s name and the first line of ``cc --version`` (what decides the kernel's speed), cached."""
+    if cc not in _COMPILER:
+        try:
+            out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=20).stdout
+            first = out.strip().splitlines()[0] if out.strip() else "version unknown"
+        except (OSError, subprocess.SubprocessError):
+            first = "version unknown"
+        _COMPILER[cc] = f"{Path(cc).name}: {first}"
+    return _COMPILER[cc]
+
+
+def find_compiler() -> str | None:
+    """The C compiler a build uses: ``$CC`` (default ``cc``), else ``gcc``; None when there is none."""
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
 def build(name: str) -> ctypes.CDLL:
     """Compile (or reuse the cached build of) ``commbench/kernels/<name>`` and load it.
 
     Raises :class:`KernelUnavailable` with the reason when there is no compiler or the build fails.
     """
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    cc = find_compiler()
     if cc is None:
         raise KernelUnavailable("no C compiler found")
     try:
@@ -104,6 +124,7 @@ class NoFp8Kernel:
     """Stand-in when the C kernel is disabled or could not be built."""
 
     error: str | None = "disabled"
+    compiler: str | None = None
 
     def available(self, device: torch.device) -> bool:
         return False
@@ -129,6 +150,7 @@ class Fp8Kernel(NoFp8Kernel):
         self._lib: ctypes.CDLL | None = None
         self._tried = False
         self.error = None
+        self.compiler = None  # the compiler that built the loaded kernel (name and version line)
 
     def _load(self) -> ctypes.CDLL | None:
         self._tried = True
@@ -140,6 +162,8 @@ class Fp8Kernel(NoFp8Kernel):
         except KernelUnavailable as e:
             self.error = str(e)
             return None
+        cc = find_compiler()
+        self.compiler = compiler_version(cc) if cc else None
         i64, ptr, cint = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
         lib.cb_fp8_quantize.argtypes = [ptr, ptr, ptr, i64, i64, cint, cint, cint]
         lib.cb_fp8_quantize.restype = cint

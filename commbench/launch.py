@@ -20,7 +20,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -298,6 +299,9 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+LOG_DIR_ENV = "COMMBENCH_LOG_DIR"
+"""Set on every rank of a local spawn that keeps logs: the directory of ``rank<r>.log``."""
+
 STORE_FD_ENV = "COMMBENCH_STORE_FD"
 """Set on every rank of a local spawn: rank 0's value is the inherited, already-listening rendezvous socket."""
 
@@ -347,7 +351,25 @@ def set_parent_death_signal() -> None:
 
 
 class RankFailure(RuntimeError):
-    """A spawned rank died or hung; the message names it."""
+    """A spawned rank died or hung; the message names it, ``ranks`` says in one line each what every rank did."""
+
+    def __init__(self, message: str, ranks: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+
+def _last_line(path: Path | None) -> str:
+    """The last non-empty line of a rank's log (its exception, usually), shortened."""
+    if path is None or not path.is_file():
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    text = lines[-1] if lines else ""
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _describe_exit(code: int) -> str:
@@ -374,13 +396,22 @@ def local_rank_env(rank: int, nproc: int, port: int, threads: int) -> dict[str, 
     }
 
 
-def spawn_local(argv: Sequence[str], nproc: int, timeout_s: float, grace_s: float = 5.0) -> None:
+def spawn_local(
+    argv: Sequence[str], nproc: int, timeout_s: float, grace_s: float = 5.0, log_dir: Path | None = None
+) -> None:
     """Run ``python -m commbench ARGV`` as ``nproc`` local ranks on 127.0.0.1 and supervise them.
 
     Returns when every rank exited 0; raises :class:`RankFailure` naming the culprit otherwise. Each rank gets
     an equal share of the cores (``OMP_NUM_THREADS``), as torchrun would set it.
+
+    With ``log_dir``, the stderr of ranks 1.. goes to ``log_dir/rank<r>.log`` (appended: a resumed run keeps
+    its history) and every rank writes its traceback there; rank 0 keeps the console for its progress and
+    one-line errors. When a rank dies the failure then reads as one line per rank, not one traceback each.
     """
     check_local_nproc(nproc)
+    logs: list[Any] = []
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
     listener = loopback_listener()
     port = int(listener.getsockname()[1])
     threads = max(1, (os.cpu_count() or 1) // nproc)
@@ -392,12 +423,38 @@ def spawn_local(argv: Sequence[str], nproc: int, timeout_s: float, grace_s: floa
             # every rank builds the store the same way; only rank 0 receives the listening socket ("" elsewhere)
             env[STORE_FD_ENV] = str(listener.fileno()) if rank == 0 else ""
             fds: tuple[int, ...] = (listener.fileno(),) if rank == 0 else ()
-            procs.append(subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env, pass_fds=fds))
+            stderr = None
+            if log_dir is not None:
+                env[LOG_DIR_ENV] = str(log_dir)
+                if rank > 0:
+                    stderr = open(log_dir / f"rank{rank}.log", "ab")
+                    logs.append(stderr)
+            procs.append(
+                subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env, pass_fds=fds, stderr=stderr)
+            )
         listener.close()  # rank 0 owns it now
-        _supervise(procs, timeout_s, grace_s)
+        try:
+            _supervise(procs, timeout_s, grace_s)
+        except RankFailure as e:
+            raise RankFailure(str(e), _rank_lines(procs, log_dir)) from None
     finally:
         listener.close()
         _terminate(procs)
+        for f in logs:
+            f.close()
+
+
+def _rank_lines(procs: list[subprocess.Popen[bytes]], log_dir: Path | None) -> list[str]:
+    """One line per rank: how it ended and the last line of its log."""
+    out = []
+    for r, p in enumerate(procs):
+        code = p.poll()
+        state = "still running (stopped)" if code is None else ("finished" if code == 0 else _describe_exit(code))
+        log = log_dir / f"rank{r}.log" if log_dir is not None else None
+        last = _last_line(log)
+        where = f" [{log}]" if log is not None and log.is_file() else ""
+        out.append(f"rank {r}: {state}" + (f": {last}" if last else "") + where)
+    return out
 
 
 def _supervise(procs: list[subprocess.Popen[bytes]], timeout_s: float, grace_s: float) -> None:

@@ -81,6 +81,34 @@ def build_metadata(
     return meta
 
 
+def fp8_codec(device: Any) -> str:
+    """The fp8 codec this process runs on ``device`` (``commbench.fp8.codec_info``)."""
+    from commbench.fp8 import codec_info
+
+    return codec_info(device)
+
+
+def agree_fp8_codec(d: Any) -> str:
+    """Every rank's fp8 codec (a collective call: every rank calls it); raises ValueError, one line naming the
+    ranks, when they differ: the ranks would encode and decode at different speeds, so the timings would mix
+    two codecs without saying so."""
+    import torch.distributed as dist
+
+    mine = fp8_codec(d.device)
+    every: list[Any] = [None] * d.world_size
+    dist.all_gather_object(every, mine)
+    if len(set(every)) > 1:
+        groups: dict[str, list[int]] = {}
+        for r, c in enumerate(every):
+            groups.setdefault(str(c), []).append(r)
+        said = "; ".join(f"rank(s) {','.join(map(str, rs))}: {c}" for c, rs in groups.items())
+        raise ValueError(
+            f"ranks disagree on the fp8 codec ({said}); install the same C compiler on every node or set "
+            "COMMBENCH_FP8_KERNEL=0 everywhere"
+        )
+    return mine
+
+
 def run_metadata(suite: SuiteConfig, d: Any, argv: list[str], start: str) -> dict[str, Any]:
     """Metadata of a run measured now on the world ``d`` (a ``launch.Dist``), from rank 0."""
     import torch
@@ -111,6 +139,7 @@ def run_metadata(suite: SuiteConfig, d: Any, argv: list[str], start: str) -> dic
         argv=argv,
         git_commit=git_commit(),
         extra={
+            "fp8_codec": fp8_codec(d.device),
             "device": str(d.device.type),
             "gloo_available": torch.distributed.is_gloo_available(),
             "cpu_count": os.cpu_count(),

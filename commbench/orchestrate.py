@@ -17,7 +17,57 @@ from typing import Any
 from commbench import console
 from commbench.config import SuiteConfig, format_size
 
-__all__ = ["default_run_dir", "report_after_run", "run_metadata", "run_worker"]
+__all__ = ["default_run_dir", "memory_check", "report_after_run", "resume_conflicts", "run_metadata", "run_worker"]
+
+RESUME_FIXED: dict[str, str] = {
+    "collectives": "--collectives",
+    "precisions": "--precisions",
+    "min_bytes": "-b/--minbytes",
+    "max_bytes": "-e/--maxbytes",
+    "factor": "-f/--stepfactor",
+    "payload": "--payload",
+    "check": "--check/--no-check",
+    "seed": "the suite's seed",
+    "timing": "--warmup/--min-time/--repeats",
+}
+"""Suite fields a resumed run must keep (with the flags that set them): they decide which rows exist and how
+they were measured, so new rows under other values would mix silently with the old ones."""
+
+
+def resume_conflicts(meta: dict[str, Any], suite: SuiteConfig) -> list[str]:
+    """What ``suite`` changes against the run recorded in ``meta`` (``metadata.json``), one phrase each."""
+    old = meta.get("suite") or {}
+    new = suite.to_dict()
+    out = []
+    for key, flag in RESUME_FIXED.items():
+        if key in old and old[key] != new.get(key):
+            out.append(f"{key} {old[key]!r} -> {new.get(key)!r} ({flag})")
+    return out
+
+
+def check_resume(run_dir: Path, meta: dict[str, Any], suite: SuiteConfig) -> None:
+    """Refuse (ValueError, one line) to resume ``run_dir`` with settings that differ from its own."""
+    diff = resume_conflicts(meta, suite)
+    if diff:
+        raise ValueError(
+            f"cannot resume {run_dir}: the rows already there were measured with other settings: {'; '.join(diff)}; "
+            f"resume with `--resume {run_dir}` alone, or start a new run"
+        )
+
+
+def memory_check(suite: SuiteConfig, n: int, backend: str, local_ranks: int, device: Any = None) -> None:
+    """Refuse (ValueError, one line) a suite whose largest size cannot fit in host or device memory."""
+    from commbench.check import host_available_bytes, memory_problem
+
+    on_gpu = device is not None and getattr(device, "type", "cpu") == "cuda"
+    dev_free = None
+    if on_gpu:
+        import torch
+
+        dev_free = int(torch.cuda.mem_get_info(device)[0])
+    problem = memory_problem(suite, n, backend, local_ranks, on_gpu, host_available_bytes(), dev_free)
+    if problem:
+        raise ValueError(problem)
 
 
 def _now() -> str:
@@ -75,16 +125,26 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         writer: RunWriter | None = None
         problem = ""
         out = args.resume or args.out or default_run_dir(d.backend, d.world_size)
-        if d.rank == 0:
+        try:
+            from commbench.metadata import agree_fp8_codec
+
+            agree_fp8_codec(d)
+        except ValueError as e:
+            problem = str(e)
+        if d.rank == 0 and not problem:
             try:
-                writer = RunWriter(Path(out), resume=args.resume is not None)
+                memory_check(suite, d.world_size, d.backend, d.info.local_world_size, d.device)
                 if args.resume is not None:
-                    meta = json.loads((writer.dir / "metadata.json").read_text())
+                    from commbench.results import load_metadata
+
+                    meta = load_metadata(Path(out))
                     if (meta.get("world_size"), meta.get("backend")) != (d.world_size, d.backend):
                         raise ValueError(
                             f"cannot resume {out}: it ran {meta.get('world_size')} ranks on {meta.get('backend')}, this world has {d.world_size} on {d.backend}"
                         )
-                else:
+                    check_resume(Path(out), meta, suite)
+                writer = RunWriter(Path(out), resume=args.resume is not None)
+                if args.resume is None:
                     user_argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
                     writer.write_metadata(run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start))
             except ValueError as e:
@@ -109,9 +169,20 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         if d.rank == 0 and info.launcher != "local" and not args.no_report:
             report_after_run(Path(out))
         return 0
-    except Exception:
-        traceback.print_exc()
-        print(f"commbench: rank {d.rank} failed", file=sys.stderr)
+    except Exception as e:
+        from commbench.launch import LOG_DIR_ENV
+
+        log = os.environ.get(LOG_DIR_ENV)
+        if log:
+            # A local spawn keeps each rank's traceback in the run directory; the supervisor prints one line
+            # per rank instead of a traceback from every rank a dead peer dragged down.
+            with open(Path(log) / f"rank{d.rank}.log", "a") as f:
+                traceback.print_exc(file=f)
+            if d.rank == 0:
+                print(f"commbench: rank 0 failed: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        else:
+            traceback.print_exc()
+            print(f"commbench: rank {d.rank} failed", file=sys.stderr)
         return 1
     finally:
         shutdown_world()

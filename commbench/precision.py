@@ -9,6 +9,7 @@ Every point op follows the same protocol so the sweep never special-cases a prec
     op.comm()    # the communication (fp8 all_reduce: including its middle decode-sum-re-encode step)
     op.decode()  # wire output -> user-visible result (fp8 reduce_scatter: the local fp32 sum)
     op.result()  # the decoded output tensor (compared against the float64 reference)
+    op.received()  # the received wire bytes per source chunk (the correctness tests inject faults there)
 
 Each phase is repeatable so the timing core can run it k times back to back.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -39,6 +41,18 @@ NCCL_TYPE_NAMES: dict[torch.dtype, str] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ReceivedChunk:
+    """One received chunk of a point op's wire, as bytes that ``decode`` reads next: what a fault injector edits
+    between ``comm`` and ``decode`` (views, not copies)."""
+
+    codes: torch.Tensor
+    """uint8 view of the chunk's element bytes (little-endian elements of ``element_bytes`` each)."""
+    element_bytes: int
+    scales: torch.Tensor | None
+    """uint8 view of the chunk's travelling float32 scales; None when no scale travels."""
+
+
 class PointOp(Protocol):
     """One collective at one precision and size, bound to preallocated buffers."""
 
@@ -52,6 +66,7 @@ class PointOp(Protocol):
     def comm(self) -> None: ...
     def decode(self) -> None: ...
     def result(self) -> torch.Tensor: ...
+    def received(self) -> list[ReceivedChunk]: ...
 
 
 class Precision(ABC):
@@ -90,6 +105,28 @@ class Precision(ABC):
         16-bit cast precisions carry exactly representable integers exactly: the bound is 0, as nccl-tests -c.
         """
         return 0.0
+
+    def buffer_bytes(self, collective: Collective, layout: Layout, n: int) -> int:
+        """Bytes the op of one point allocates on its device (an estimate made before allocating: the user's
+        input and output in ``input_dtype``, and the wire's input and output where the wire dtype differs)."""
+        user = (layout.input_numel + layout.output_numel) * self.input_dtype.itemsize
+        if self.wire_dtype == self.input_dtype:
+            return user
+        return user + (layout.input_numel + layout.output_numel) * self.wire_dtype.itemsize
+
+    def check_tolerance(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
+        """Per-element tolerance of the ``wrong`` count on :func:`commbench.check.exact_inputs`: what the
+        precision really loses on those inputs. By default the general :meth:`error_bound`; a precision that
+        carries the check inputs exactly returns 0, so any corrupted element counts."""
+        return self.error_bound(collective, abs_sum, n)
+
+
+def split_received(buf: torch.Tensor, n: int) -> list[ReceivedChunk]:
+    """``buf`` (a received wire tensor of any dtype) as ``n`` consecutive chunks (the last may be shorter)."""
+    m = -(-buf.numel() // n)
+    raw = buf.view(torch.uint8)
+    e = buf.element_size()
+    return [ReceivedChunk(raw[i * m * e : min((i + 1) * m, buf.numel()) * e], e, None) for i in range(n)]
 
 
 class _CastOp:
@@ -132,6 +169,9 @@ class _CastOp:
 
     def result(self) -> torch.Tensor:
         return self.y
+
+    def received(self) -> list[ReceivedChunk]:
+        return split_received(self.wire_out, dist.get_world_size(self._group))
 
 
 class NativePrecision(Precision):

@@ -207,6 +207,11 @@ class CollectivePoint(Record):
     wrong: int = col("elements outside the error bound on exactly representable inputs (nccl-tests #wrong)")
     tolerance: float = col("largest error bound used by the wrong check (absolute, in the data's unit)")
     rel_err: float = col("relative L2 error of the result against a float64 reference (fraction)")
+    comm_rel_err: float = col(
+        "relative L2 error the communication adds: against the float64 result of the inputs as given, "
+        "rounded to the input dtype (fraction; 0 for a lossless collective, NaN where not measured)",
+        default=math.nan,
+    )
     max_abs_err: float = col("largest absolute error against the float64 reference (in the data's unit)")
     timestamp: str = col("when the point finished, ISO 8601 UTC")
 

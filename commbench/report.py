@@ -574,8 +574,15 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     title = report_title(run.metadata)
     html_path = out / "report.html"
     md_path = out / "report.md"
-    html_path.write_text(render_html(title, sections, figures, found), encoding="utf-8")
-    md_path.write_text(render_markdown(title, sections, figures, found, out), encoding="utf-8")
+    banner = []
+    if run.metadata.get("end_time") is None:
+        # metadata.json gets its end_time when the run completes: without it the rows are a partial run
+        banner.append(
+            f"Unfinished run: started {run.metadata.get('start_time', '?')} and never completed (no end time in "
+            f"metadata.json); the tables hold the points finished so far. Continue it with `commbench run --resume {run_dir}`."
+        )
+    html_path.write_text(render_html(title, sections, figures, found, banner), encoding="utf-8")
+    md_path.write_text(render_markdown(title, sections, figures, found, out, banner), encoding="utf-8")
     result: dict[str, Path] = {"html": html_path, "md": md_path}
     for name, paths in written.items():
         for f, p in paths.items():

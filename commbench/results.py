@@ -39,6 +39,10 @@ _JOURNALS = {"results": "rows.jsonl"}
 """Journal names that differ from ``<table>.jsonl`` (the results journal kept its schema-1 name)."""
 
 
+LOGS_DIR = "logs"
+"""Sub-directory of a run directory holding each locally spawned rank's log (``rank<r>.log``)."""
+
+
 def journal_name(table: str) -> str:
     return _JOURNALS.get(table, f"{table}.jsonl")
 
@@ -47,10 +51,21 @@ class RunDirError(ValueError):
     """A run directory is missing, unreadable, or from an incompatible schema."""
 
 
+def _umask() -> int:
+    # os.umask can only be read by setting it; set it straight back (no thread here creates files meanwhile)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory and rename: readers never see a partial file."""
+    """Write via a temporary file in the same directory and rename: readers never see a partial file.
+
+    The file gets the mode a plain ``open()`` would give it (0666 less the umask): ``mkstemp`` creates 0600,
+    which would hide the data from colleagues who can read the report next to it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -74,17 +89,28 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def _warn(msg: str) -> None:
+    import sys
+
+    print(f"commbench: warning: {msg}", file=sys.stderr)
+
+
 def read_journal(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines journal; a torn final line (crash mid-write) is dropped."""
+    """Rows of a JSON-lines journal; a torn final line (crash mid-write) is dropped with a warning."""
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except ValueError:
+            where = "its torn last line (a crash mid-write)" if i == len(lines) - 1 else f"unreadable line {i + 1}"
+            _warn(f"{path}: dropped {where}")
             continue
         rows.append({k: (float(v) if v in ("inf", "-inf") else (math.nan if v is None else v)) for k, v in row.items()})
     return rows
@@ -148,20 +174,60 @@ class _Tables(dict[str, list[dict[str, Any]]]):
         return rows
 
 
+def repair_journal(path: Path) -> bool:
+    """Cut a torn last line (no final newline: a crash mid-write) off a journal, so the next append starts a
+    line of its own instead of gluing a row onto the fragment. True when something was cut."""
+    if not path.is_file():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    keep = data.rfind(b"\n") + 1
+    try:
+        whole = isinstance(json.loads(data[keep:]), dict)
+    except ValueError:
+        whole = False
+    if whole:  # the crash fell between a complete row and its newline: keep the row
+        with open(path, "ab") as f:
+            f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return False
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    _warn(f"{path}: dropped its torn last line ({len(data) - keep} bytes written by a crash mid-write)")
+    return True
+
+
+def _journal_tables(run_dir: Path) -> list[str]:
+    """Tables that have a journal in ``run_dir``."""
+    names = {v: k for k, v in _JOURNALS.items()}
+    return sorted(names.get(p.name, p.stem) for p in run_dir.glob("*.jsonl"))
+
+
 class RunWriter:
     """Rank 0's writer for one run directory: any table of any :class:`Record` type."""
 
     def __init__(self, run_dir: Path, *, resume: bool = False) -> None:
         self.dir = run_dir
         if resume:
-            if not (run_dir / "metadata.json").is_file():
-                raise RunDirError(f"cannot resume {run_dir}: not a commbench run directory (no metadata.json)")
+            load_metadata(run_dir)  # a clear one-line error for a missing, foreign or unreadable directory
         else:
             check_new_run_dir(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
         self.rows: dict[str, list[dict[str, Any]]] = _Tables(run_dir, resume)
         """Rows written so far per table, as dicts (journal rows of a resumed run included)."""
         self._types: dict[str, type[Record]] = {}
+        if resume:
+            # The journal is the truth; the tables may lag it by the row in flight when the run stopped (or
+            # hold a torn row's predecessor only): rewrite every table from its journal before adding to it.
+            for table in _journal_tables(run_dir):
+                repair_journal(run_dir / journal_name(table))
+                rows = self.rows[table]
+                if rows:
+                    write_table(run_dir, table, _frame(rows, record_for_table(table)))
 
     def records(self, record: type[R]) -> list[R]:
         """Rows of ``record``'s table written so far, as records (a resumed run's journal rows included)."""
@@ -215,7 +281,8 @@ def check_new_run_dir(run_dir: Path) -> None:
     if run_dir.exists():
         if not run_dir.is_dir():
             raise RunDirError(f"output path {run_dir} exists and is not a directory")
-        if any(run_dir.iterdir()):
+        # the launcher may have opened the rank logs already: a directory holding only them is still new
+        if any(p.name != LOGS_DIR for p in run_dir.iterdir()):
             raise RunDirError(f"output directory {run_dir} is not empty; choose a new --out or use --resume {run_dir}")
     parent = run_dir
     while not parent.exists():
@@ -240,8 +307,10 @@ def load_metadata(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     p = _require_run_dir(run_dir)
     try:
         meta = json.loads((p / "metadata.json").read_text())
-    except (json.JSONDecodeError, OSError) as e:
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError) as e:
         raise RunDirError(f"cannot read {p / 'metadata.json'}: {e}") from None
+    if not isinstance(meta, dict):
+        raise RunDirError(f"{p / 'metadata.json'} is not a commbench metadata file (a JSON object expected, got {type(meta).__name__})")
     version = meta.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise RunDirError(

@@ -316,6 +316,7 @@ class Sweep:
             wrong=chk.wrong,
             tolerance=chk.tolerance,
             rel_err=chk.rel_err,
+            comm_rel_err=chk.comm_rel_err,
             max_abs_err=chk.max_abs_err,
             timestamp=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         )

@@ -41,7 +41,11 @@ def test_size_definitions(n: int) -> None:
 
 
 def test_round_total_like_nccl_tests() -> None:
-    assert get_collective("all_gather").round_total(256, 3) == 255
+    # nccl-tests: per-rank count = (count/nranks) & -(16/eltSize); fp32 -> multiples of 4 elements per rank
+    assert get_collective("all_gather").round_total(256, 3) == 3 * 84
+    # 6 ranks, fp32, 1 MiB all_gather: nccl-tests prints 1048512 B (262144/6 = 43690 -> 43688 per rank)
+    for name in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert get_collective(name).round_total(1024**2 // 4, 6) * 4 == 1048512
     assert get_collective("all_reduce").round_total(257, 3) == 257
 
 
