@@ -160,7 +160,27 @@ def test_crossover_rule() -> None:
         rows.append({"collective": "all_reduce", "payload": "normal", "precision": "fp16", "fp32_bytes": size, "effective_gbps": 0.1})
     out = {r["precision"]: r for r in crossover(pd.DataFrame(rows))}
     assert out["bf16"]["crossover_bytes"] == 8  # wins at 2 but loses again at 4: the crossover is where it stays ahead
-    assert math.isnan(out["fp16"]["crossover_bytes"]) and out["fp16"]["note"] == "never in range"
+    assert out["fp16"]["crossover_bytes"] is None and out["fp16"]["note"] == "never in range"
+
+
+def test_crossover_needs_a_significant_gain_at_every_larger_size() -> None:
+    # (size, gain, 95 % interval) per precision; a size is a win only when the interval lies above 1
+    table = {
+        "bf16": [(1, 1.5, 1.2, 1.8), (2, 1.3, 0.9, 1.6), (4, 1.4, 1.1, 1.6), (8, 1.5, 1.2, 1.9)],
+        "fp16": [(1, 1.1, 0.8, 1.3), (2, 1.2, 0.9, 1.4), (4, 1.0, 0.8, 1.2), (8, 1.1, 0.95, 1.3)],
+        "fp8": [(1, 0.5, 0.4, 0.6), (2, 1.2, 1.1, 1.3), (4, 0.9, 0.8, 1.1), (8, 0.7, 0.6, 0.8)],
+    }
+    rows = []
+    for prec, pts in table.items():
+        for size, g, lo, hi in pts:
+            for p, gg, ll, hh in (("fp32", 1.0, 1.0, 1.0), (prec, g, lo, hi)):
+                rows.append({"collective": "all_reduce", "payload": "normal", "precision": p, "fp32_bytes": size,
+                             "effective_gbps": gg, "gain_vs_fp32": gg, "gain_ci_low": ll, "gain_ci_high": hh})  # fmt: skip
+    out = {r["precision"]: r for r in crossover(pd.DataFrame(rows).drop_duplicates(["precision", "fp32_bytes"]))}
+    assert out["bf16"]["crossover_bytes"] == 4 and out["bf16"]["note"] == ""
+    assert out["fp16"]["crossover_bytes"] is None and out["fp16"]["note"] == "not significant"
+    assert out["fp8"]["crossover_bytes"] is None and out["fp8"]["note"] == "never in range"
+    assert (out["bf16"]["gain_at_largest"], out["bf16"]["gain_at_largest_ci_low"]) == (1.5, 1.2)
 
 
 def test_every_shipped_suite_is_valid() -> None:
