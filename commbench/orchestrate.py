@@ -168,4 +168,4 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
             for row in summary:
                 print(console.training_line(row.as_dict()))
 
-    run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]))
+    run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
