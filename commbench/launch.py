@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -184,10 +184,21 @@ class Dist:
         all_gather_tensor(out, t)
         return out.view(self.world_size, len(values)).cpu().tolist()
 
+    def gather_object(self, value: Any) -> list[Any]:
+        """Every rank's picklable ``value``, in rank order, on every rank."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
     def device_name(self) -> str:
         if self.device.type == "cuda":
             return torch.cuda.get_device_name(self.device)
         return cpu_model_name()
+
+
+def node_leader(d: Dist) -> bool:
+    """The lowest rank on this host: the one that speaks for the node."""
+    return d.hosts.index(d.host) == d.rank
 
 
 def cpu_model_name() -> str:

@@ -45,10 +45,12 @@ def report_after_run(out: Path) -> None:
         )
 
 
-def run_metadata(suite: SuiteConfig, d: Any, argv: list[str], start: str) -> dict[str, Any]:
+def run_metadata(
+    suite: SuiteConfig, d: Any, argv: list[str], start: str, nodes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     from commbench.metadata import run_metadata as build
 
-    return build(suite, d, argv, start)
+    return build(suite, d, argv, start, nodes)
 
 
 def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
@@ -75,6 +77,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         writer: RunWriter | None = None
         problem = ""
         out = args.resume or args.out or default_run_dir(d.backend, d.world_size)
+        from commbench.metadata import gather_nodes
+
+        nodes = gather_nodes(d) if args.resume is None else None  # every rank: one report per node
         if d.rank == 0:
             try:
                 writer = RunWriter(Path(out), resume=args.resume is not None)
@@ -86,7 +91,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
                         )
                 else:
                     user_argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
-                    writer.write_metadata(run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start))
+                    writer.write_metadata(
+                        run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start, nodes)
+                    )
             except ValueError as e:
                 problem = str(e)
         verdict: list[Any] = [problem]
