@@ -72,6 +72,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
     assert info is not None
     start = _now()
     d = init_world(info, args.backend, args.timeout)
+    out: Any = args.resume or args.out
     try:
         # Rank 0 owns the run directory; a failure there must stop every rank, not leave them waiting.
         writer: RunWriter | None = None
@@ -116,9 +117,19 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         if d.rank == 0 and info.launcher != "local" and not args.no_report:
             report_after_run(Path(out))
         return 0
-    except Exception:
-        traceback.print_exc()
-        print(f"commbench: rank {d.rank} failed", file=sys.stderr)
+    except Exception as e:
+        from commbench.launch import lost_peer
+
+        lost = lost_peer(e, d)
+        if lost is None:
+            traceback.print_exc()
+            print(f"commbench: rank {d.rank} failed", file=sys.stderr)
+        else:  # a node went away: name it; the traceback says nothing more
+            print(
+                f"commbench: error: rank {d.rank} on {d.host}: {lost}; finished points are kept in {out}, "
+                f"continue with --resume {out}",
+                file=sys.stderr,
+            )
         return 1
     finally:
         shutdown_world()
