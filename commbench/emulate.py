@@ -613,8 +613,8 @@ def slurm_env(
 def mpi_env(
     cluster: EmulatedCluster, node: int, local_rank: int, nproc_per_node: int, port: int = MASTER_PORT
 ) -> dict[str, str]:
-    """What ``mpirun -np <nodes*nproc> --map-by node... -x MASTER_ADDR=<node0>`` sets for one rank under Open MPI
-    (ranks by slot: a node's ranks are consecutive, as with a hostfile of ``slots=<nproc>``)."""
+    """What ``mpirun -np <nodes*nproc> -x MASTER_ADDR=<node 0> -x MASTER_PORT`` sets for one rank under Open MPI
+    with a hostfile of ``slots=<nproc>`` per node (ranks fill a node's slots first, so a node's ranks are consecutive)."""
     return {
         "OMPI_COMM_WORLD_RANK": str(node * nproc_per_node + local_rank),
         "OMPI_COMM_WORLD_SIZE": str(len(cluster.nodes) * nproc_per_node),
