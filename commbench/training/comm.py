@@ -227,7 +227,10 @@ class CommCounter:
 
     def _record(self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         sizes, group = size_fn(args, kwargs)
-        factor = bus_factor(op, _group_size(group))
+        n = _group_size(group)
+        if n <= 1:  # a group of one rank (HSDP's replicate group on one node) moves nothing
+            return
+        factor = bus_factor(op, n)
         by_link = self.link_bytes[self.link(group)]
         for size, dtype in sizes:
             key = f"{op}:{dtype_name(dtype)}"
