@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -460,22 +460,11 @@ def torchrun_argv(
     ]  # fmt: skip
 
 
-def launch_job(
-    cluster: EmulatedCluster,
-    nproc_per_node: int,
-    commbench_argv: Sequence[str],
-    timeout: float = 600,
-    env: Mapping[str, str] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-) -> JobResult:
-    """Run ``python -m commbench <commbench_argv>`` as one torchrun job on every node; wait, or kill at ``timeout``.
-
-    gloo (and NCCL's socket transport) is bound to each node's ``eth0``, so inter-node traffic crosses the
-    veth links; ranks on one node talk over that node's own stack, unshaped, like intra-node traffic.
-    """
-    if nproc_per_node < 1:
-        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
-    job_env = {
+def job_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What every process of a job gets: gloo/NCCL bound to the node's ``eth0`` (so inter-node traffic crosses
+    the veth links; ranks on one node talk over that node's own stack, unshaped, like intra-node traffic), one
+    intra-op thread, unbuffered output, and this checkout on ``PYTHONPATH`` when it is a source checkout."""
+    out = {
         "GLOO_SOCKET_IFNAME": NODE_IFNAME,
         "NCCL_SOCKET_IFNAME": NODE_IFNAME,
         "TP_SOCKET_IFNAME": NODE_IFNAME,
@@ -486,44 +475,177 @@ def launch_job(
     }
     src = Path(__file__).resolve().parent.parent
     if (src / "pyproject.toml").is_file():  # a source checkout: the nodes run the commbench that launched them
-        job_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(src), job_env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")) if p
+        out["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(src), out.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")) if p
         )
-    start = time.monotonic()
-    procs: list[tuple[subprocess.Popen[Any], Any, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="cbemu-job-") as tmp:
+    return out
+
+
+class Job:
+    """Processes started across the nodes (any number per node) as one job; :meth:`wait` collects a
+    :class:`JobResult`. ``commands`` are ``(node index, argv, extra env)``; output goes to temporary files."""
+
+    def __init__(
+        self,
+        cluster: EmulatedCluster,
+        commands: Sequence[tuple[int, Sequence[str], Mapping[str, str]]],
+        cwd: str | os.PathLike[str] | None = None,
+        shown_argv: Sequence[str] = (),
+    ) -> None:
+        self.cluster = cluster
+        self.shown_argv = tuple(shown_argv)
+        self.start = time.monotonic()
+        self._tmp = tempfile.TemporaryDirectory(prefix="cbemu-job-")
+        self.procs: list[tuple[int, subprocess.Popen[Any], Any, Any]] = []
+        self._result: JobResult | None = None
         try:
-            for n in cluster.nodes:
-                out = open(Path(tmp) / f"{n.index}.out", "w+")
-                err = open(Path(tmp) / f"{n.index}.err", "w+")
-                p = cluster.popen(n, torchrun_argv(cluster, n.index, nproc_per_node, commbench_argv), job_env,
-                                  stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd)  # fmt: skip
-                procs.append((p, out, err))
-            deadline = start + timeout
-            while any(p.poll() is None for p, _, _ in procs) and time.monotonic() < deadline:
+            for k, (node, argv, env) in enumerate(commands):
+                out = open(Path(self._tmp.name) / f"{k}.out", "w+")
+                err = open(Path(self._tmp.name) / f"{k}.err", "w+")
+                p = cluster.popen(node, argv, job_env(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd)
+                self.procs.append((node, p, out, err))
+        except BaseException:
+            self._stop()
+            self._tmp.cleanup()
+            raise
+
+    def running(self) -> bool:
+        return any(p.poll() is None for _, p, _, _ in self.procs)
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL every process in ``node`` (its launcher and the ranks, in whatever session): a lost host."""
+        _kill_namespace_processes(self.cluster.node(node).netns)
+
+    def _stop(self) -> None:
+        for _, p, _, _ in self.procs:
+            _kill_group(p)
+        for n in self.cluster.nodes:  # torchrun's workers live in their own sessions
+            _kill_namespace_processes(n.netns)
+        for _, p, _, _ in self.procs:
+            p.wait()
+
+    def wait(self, timeout: float = 600) -> JobResult:
+        """Wait for every process (kill them all at ``timeout`` seconds from the start) and collect the result."""
+        if self._result is not None:
+            return self._result
+        try:
+            deadline = self.start + timeout
+            while self.running() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            timed_out = any(p.poll() is None for p, _, _ in procs)
+            timed_out = self.running()
         finally:
-            for p, _, _ in procs:
-                _kill_group(p)
-            for n in cluster.nodes:  # torchrun's workers live in their own sessions
-                _kill_namespace_processes(n.netns)
-            for p, _, _ in procs:
-                p.wait()
+            self._stop()
         results = []
-        for n, (p, out, err) in zip(cluster.nodes, procs, strict=True):
-            out.seek(0)
-            err.seek(0)
-            code = p.returncode if not (timed_out and p.returncode is not None and p.returncode < 0) else None
-            results.append(NodeResult(n, code, out.read(), err.read()))
-            out.close()
-            err.close()
-    return JobResult(
-        nodes=tuple(results),
-        timed_out=timed_out,
-        argv=tuple(torchrun_argv(cluster, 0, nproc_per_node, commbench_argv)),
-        seconds=time.monotonic() - start,
-    )
+        for n in self.cluster.nodes:
+            mine = [(p, out, err) for node, p, out, err in self.procs if node == n.index]
+            texts = []
+            for _, out, err in mine:
+                out.seek(0)
+                err.seek(0)
+                texts.append((out.read(), err.read()))
+                out.close()
+                err.close()
+            codes = [p.returncode for p, _, _ in mine]
+            code = next((c for c in codes if c), 0) if codes else None
+            if timed_out and code is not None and code < 0:
+                code = None
+            results.append(NodeResult(n, code, "".join(o for o, _ in texts), "".join(e for _, e in texts)))
+        self._tmp.cleanup()
+        self._result = JobResult(
+            nodes=tuple(results), timed_out=timed_out, argv=self.shown_argv, seconds=time.monotonic() - self.start
+        )
+        return self._result
+
+
+def start_job(
+    cluster: EmulatedCluster,
+    nproc_per_node: int,
+    commbench_argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    port: int = MASTER_PORT,
+) -> Job:
+    """Start ``python -m commbench <commbench_argv>`` as one torchrun job on every node (see :func:`launch_job`);
+    ``port``: node 0's rendezvous port (a new one per job lets jobs follow each other on one cluster)."""
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    commands = [(n.index, torchrun_argv(cluster, n.index, nproc_per_node, commbench_argv, port), dict(env or {}))
+                for n in cluster.nodes]  # fmt: skip
+    return Job(cluster, commands, cwd, torchrun_argv(cluster, 0, nproc_per_node, commbench_argv, port))
+
+
+def launch_job(
+    cluster: EmulatedCluster,
+    nproc_per_node: int,
+    commbench_argv: Sequence[str],
+    timeout: float = 600,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> JobResult:
+    """Run ``python -m commbench <commbench_argv>`` as one torchrun job on every node; wait, or kill at ``timeout``.
+
+    gloo (and NCCL's socket transport) is bound to each node's ``eth0`` (:func:`job_env`).
+    """
+    return start_job(cluster, nproc_per_node, commbench_argv, env, cwd).wait(timeout)
+
+
+# -- Slurm and Open MPI, as their launchers set up each rank --------------------------------------------------
+
+
+def slurm_env(
+    cluster: EmulatedCluster, node: int, local_rank: int, nproc_per_node: int, job_id: int = 4242
+) -> dict[str, str]:
+    """What ``srun -N <nodes> --ntasks-per-node <nproc>`` sets for one task (block distribution)."""
+    nodes = len(cluster.nodes)
+    return {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_PROCID": str(node * nproc_per_node + local_rank),
+        "SLURM_LOCALID": str(local_rank),
+        "SLURM_NODEID": str(node),
+        "SLURM_NTASKS": str(nodes * nproc_per_node),
+        "SLURM_NNODES": str(nodes),
+        "SLURM_NTASKS_PER_NODE": str(nproc_per_node),
+        "SLURM_STEP_TASKS_PER_NODE": f"{nproc_per_node}(x{nodes})",
+        "SLURM_JOB_NODELIST": f"{cluster.prefix}-node[0-{nodes - 1}]" if nodes > 1 else f"{cluster.prefix}-node0",
+    }
+
+
+def mpi_env(
+    cluster: EmulatedCluster, node: int, local_rank: int, nproc_per_node: int, port: int = MASTER_PORT
+) -> dict[str, str]:
+    """What ``mpirun -np <nodes*nproc> -x MASTER_ADDR=<node 0> -x MASTER_PORT`` sets for one rank under Open MPI
+    with a hostfile of ``slots=<nproc>`` per node (ranks fill a node's slots first, so a node's ranks are consecutive)."""
+    return {
+        "OMPI_COMM_WORLD_RANK": str(node * nproc_per_node + local_rank),
+        "OMPI_COMM_WORLD_SIZE": str(len(cluster.nodes) * nproc_per_node),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(nproc_per_node),
+        "OMPI_COMM_WORLD_NODE_RANK": str(node),
+        "MASTER_ADDR": cluster.nodes[0].hostname,
+        "MASTER_PORT": str(port),
+    }
+
+
+RankEnv = Callable[[EmulatedCluster, int, int, int], dict[str, str]]
+"""(cluster, node, local rank, ranks per node) -> the launcher's variables for that rank (`slurm_env`, `mpi_env`)."""
+
+
+def start_ranks(
+    cluster: EmulatedCluster,
+    nproc_per_node: int,
+    commbench_argv: Sequence[str],
+    rank_env: RankEnv,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> Job:
+    """Start ``python -m commbench <commbench_argv>`` once per rank, each in its node with the variables
+    ``rank_env`` gives it: what srun or mpirun does on a real cluster (commbench discovers the world)."""
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    argv = [sys.executable, "-m", "commbench", *commbench_argv]
+    commands = [(n.index, argv, {**(env or {}), **rank_env(cluster, n.index, lr, nproc_per_node)})
+                for n in cluster.nodes for lr in range(nproc_per_node)]  # fmt: skip
+    return Job(cluster, commands, cwd, argv)
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------

@@ -185,10 +185,58 @@ class Dist:
         all_gather_tensor(out, t)
         return out.view(self.world_size, len(values)).cpu().tolist()
 
+    def gather_object(self, value: Any) -> list[Any]:
+        """Every rank's picklable ``value``, in rank order, on every rank."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
     def device_name(self) -> str:
         if self.device.type == "cuda":
             return torch.cuda.get_device_name(self.device)
         return cpu_model_name()
+
+
+def node_leader(d: Dist) -> bool:
+    """The lowest rank on this host: the one that speaks for the node."""
+    return d.hosts.index(d.host) == d.rank
+
+
+_PEER = re.compile(r"\[([0-9A-Fa-f:.]+)\]:\d+")
+"""A peer as gloo names it in a failed collective: ``Connection closed by peer [169.254.1.2]:39562``."""
+
+
+def _addresses(host: str) -> set[str]:
+    try:
+        return {str(a[4][0]) for a in socket.getaddrinfo(host, None)}
+    except OSError:
+        return set()
+
+
+def lost_peer(exc: BaseException, d: Dist) -> str | None:
+    """``lost node H (ranks a, b): <the error's first line>`` when ``exc`` (a failed collective) names a peer
+    address that is one of the world's hosts, else None. A node that died closes its connections, so the
+    survivors' collectives fail at once naming its address; a hung node shows as a timeout instead."""
+    text = str(exc)
+    peers = [m.removeprefix("::ffff:") for m in _PEER.findall(text)]
+    if not peers:
+        return None
+    hosts = list(dict.fromkeys(d.hosts))
+    for addr in peers:
+        owner = next((h for h in hosts if addr in _addresses(h)), None)
+        if owner is None:
+            try:
+                name = socket.gethostbyaddr(addr)[0]
+            except OSError:
+                continue
+            owner = next((h for h in hosts if h.split(".")[0] == name.split(".")[0]), None)
+        if owner is not None and owner != d.host:
+            ranks = ", ".join(str(r) for r, h in enumerate(d.hosts) if h == owner)
+            first = text.strip().splitlines()[0]
+            # gloo's "[/path/pair.cc:553] Connection closed by peer [a]:p. This is typically caused by ...": the middle
+            first = re.sub(r"^\[[^\]]*/[^\]]*\]\s*", "", first).split(". This is typically")[0]
+            return f"lost node {owner} (ranks {ranks}): {first}"
+    return None
 
 
 def cpu_model_name() -> str:

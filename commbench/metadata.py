@@ -3,14 +3,21 @@
 Every run directory states what produced its numbers (DESIGN: hardware, versions, world layout, suite and
 date). :func:`build_metadata` owns the keys every run directory has; :func:`run_metadata` fills them from a
 live world, ``commbench.nccl_import`` from an nccl-tests log. The schema version is ``results.SCHEMA_VERSION``.
+
+Every node reports itself (``node_facts``: host name, NICs and their speeds, the NCCL_* / GLOO_* environment,
+CPU and GPU models, ``nvidia-smi topo -m`` where nvidia-smi exists); :func:`gather_nodes` collects them from
+all ranks (one report per node, with the node's ranks) into the ``node_reports`` key.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
+import shutil
+import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,8 +116,11 @@ def agree_fp8_codec(d: Any) -> str:
     return mine
 
 
-def run_metadata(suite: SuiteConfig, d: Any, argv: list[str], start: str) -> dict[str, Any]:
-    """Metadata of a run measured now on the world ``d`` (a ``launch.Dist``), from rank 0."""
+def run_metadata(
+    suite: SuiteConfig, d: Any, argv: list[str], start: str, nodes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Metadata of a run measured now on the world ``d`` (a ``launch.Dist``), from rank 0; ``nodes``: what
+    :func:`gather_nodes` returned."""
     import torch
 
     nccl = None
@@ -143,5 +153,86 @@ def run_metadata(suite: SuiteConfig, d: Any, argv: list[str], start: str) -> dic
             "device": str(d.device.type),
             "gloo_available": torch.distributed.is_gloo_available(),
             "cpu_count": os.cpu_count(),
+            "node_reports": nodes or [],
         },
     )
+
+
+_ENV_KEYS = re.compile(r"^(NCCL|GLOO)_")
+SYS_NET = Path("/sys/class/net")
+
+
+def nics(sys_net: Path = SYS_NET) -> list[dict[str, Any]]:
+    """This host's network interfaces: name and link speed in Mbit/s from ``/sys/class/net/*/speed`` (None where
+    the file is unreadable or says -1: virtual links, interfaces that are down)."""
+    out: list[dict[str, Any]] = []
+    try:
+        names = sorted(p.name for p in sys_net.iterdir())
+    except OSError:
+        return out
+    for name in names:
+        speed: int | None = None
+        try:
+            v = int((sys_net / name / "speed").read_text().strip())
+            speed = v if v > 0 else None
+        except (OSError, ValueError):  # EINVAL on virtual or down links
+            pass
+        out.append({"name": name, "speed_mbps": speed})
+    return out
+
+
+def nvidia_topology(timeout: float = 20) -> str | None:
+    """``nvidia-smi topo -m`` where nvidia-smi exists and answers, else None."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        p = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.rstrip() if p.returncode == 0 and p.stdout.strip() else None
+
+
+def node_facts(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What this node says about itself (no collective: one process per node calls it)."""
+    from commbench.launch import cpu_model_name
+
+    env = os.environ if env is None else env
+    gpus: list[str] = []
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # a broken driver must not stop the run; the report says "none"
+        gpus = []
+    return {
+        "host": socket.gethostname(),
+        "nics": nics(),
+        "env": {k: v for k, v in sorted(env.items()) if _ENV_KEYS.match(k)},
+        "cpu": cpu_model_name(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpus,
+        "nvidia_topo": nvidia_topology(),
+    }
+
+
+def merge_nodes(per_rank: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One report per host from every rank's (in rank order): the host's ranks, then the facts of its first rank
+    that carries them (``node_facts`` keys); hosts in order of their lowest rank."""
+    out: dict[str, dict[str, Any]] = {}
+    for rank, item in enumerate(per_rank):
+        host = str(item.get("host"))
+        node = out.setdefault(host, {"host": host, "ranks": []})
+        node["ranks"].append(rank)
+        for k, v in item.items():
+            node.setdefault(k, v)
+    return list(out.values())
+
+
+def gather_nodes(d: Any) -> list[dict[str, Any]]:
+    """Every node's report (on every rank): a collective, call it on every rank of the world ``d``."""
+    from commbench.launch import node_leader
+
+    mine = node_facts() if node_leader(d) else {"host": d.host}
+    return merge_nodes(d.gather_object(mine))

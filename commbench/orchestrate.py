@@ -95,10 +95,12 @@ def report_after_run(out: Path) -> None:
         )
 
 
-def run_metadata(suite: SuiteConfig, d: Any, argv: list[str], start: str) -> dict[str, Any]:
+def run_metadata(
+    suite: SuiteConfig, d: Any, argv: list[str], start: str, nodes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     from commbench.metadata import run_metadata as build
 
-    return build(suite, d, argv, start)
+    return build(suite, d, argv, start, nodes)
 
 
 def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
@@ -120,6 +122,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
     assert info is not None
     start = _now()
     d = init_world(info, args.backend, args.timeout)
+    out: Any = args.resume or args.out
     try:
         # Rank 0 owns the run directory; a failure there must stop every rank, not leave them waiting.
         writer: RunWriter | None = None
@@ -131,6 +134,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             agree_fp8_codec(d)
         except ValueError as e:
             problem = str(e)
+        from commbench.metadata import gather_nodes
+
+        nodes = gather_nodes(d) if args.resume is None else None  # every rank: one report per node
         if d.rank == 0 and not problem:
             try:
                 memory_check(suite, d.world_size, d.backend, d.info.local_world_size, d.device)
@@ -146,7 +152,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
                 writer = RunWriter(Path(out), resume=args.resume is not None)
                 if args.resume is None:
                     user_argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
-                    writer.write_metadata(run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start))
+                    writer.write_metadata(
+                        run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start, nodes)
+                    )
             except ValueError as e:
                 problem = str(e)
         verdict: list[Any] = [problem]
@@ -170,10 +178,17 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             report_after_run(Path(out))
         return 0
     except Exception as e:
-        from commbench.launch import LOG_DIR_ENV
+        from commbench.launch import LOG_DIR_ENV, lost_peer
 
+        lost = lost_peer(e, d)
         log = os.environ.get(LOG_DIR_ENV)
-        if log:
+        if lost is not None:  # a node went away: name it; the traceback says nothing more
+            print(
+                f"commbench: error: rank {d.rank} on {d.host}: {lost}; finished points are kept in {out}, "
+                f"continue with --resume {out}",
+                file=sys.stderr,
+            )
+        elif log:
             # A local spawn keeps each rank's traceback in the run directory; the supervisor prints one line
             # per rank instead of a traceback from every rank a dead peer dragged down.
             with open(Path(log) / f"rank{d.rank}.log", "a") as f:
@@ -239,4 +254,4 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
             for row in summary:
                 print(console.training_line(row.as_dict()))
 
-    run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]))
+    run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)

@@ -382,6 +382,70 @@ def metadata_table(meta: dict[str, Any]) -> Table:
     return Table("metadata", "Run metadata", ["field", "value"], rows)
 
 
+def _ranks(ranks: list[int]) -> str:
+    """0,1,2,3,6 -> "0-3, 6"."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and runs[-1][1] == r - 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _nic(n: dict[str, Any]) -> str:
+    speed = n.get("speed_mbps")
+    return f"{n.get('name')} ({speed / 1000:g} Gbit/s)" if speed else str(n.get("name"))
+
+
+def nodes_table(meta: dict[str, Any]) -> Table | None:
+    """One row per node: what each node reported about itself (metadata ``node_reports``)."""
+    nodes = meta.get("node_reports") or []
+    if not nodes:
+        return None
+    rows = []
+    for n in nodes:
+        env = n.get("env") or {}
+        rows.append(
+            [
+                str(n.get("host")),
+                _ranks(list(n.get("ranks") or [])),
+                fmt(n.get("cpu")) + (f" ({n['cpu_count']} cores)" if n.get("cpu_count") else ""),
+                "; ".join(n.get("gpus") or []) or "none",
+                ", ".join(_nic(x) for x in n.get("nics") or []),
+                " ".join(f"{k}={v}" for k, v in sorted(env.items())),
+            ]
+        )
+    return Table(
+        "nodes",
+        "Nodes",
+        ["host", "ranks", "CPU", "GPUs", "NICs (speed where /sys/class/net says)", "NCCL_* / GLOO_* environment"],
+        rows,
+    )
+
+
+def topology_tables(meta: dict[str, Any]) -> list[Table]:
+    """``nvidia-smi topo -m`` of every node that has it, as a matrix (its legend dropped)."""
+    out = []
+    for n in meta.get("node_reports") or []:
+        text = n.get("nvidia_topo")
+        if not text:
+            continue
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        end = next((i for i, ln in enumerate(lines) if ln.strip().startswith("Legend")), len(lines))
+        cells = [[c.strip() for c in ln.split("\t")] for ln in lines[:end]]
+        width = max(len(r) for r in cells)
+        if len(cells) > 1 and all(len(r) == width for r in cells):
+            table = Table(
+                f"topo-{len(out)}", f"GPU topology of {n.get('host')} (nvidia-smi topo -m)", cells[0], cells[1:]
+            )
+        else:  # not the tab-separated matrix this parser knows: keep the lines
+            table = Table(f"topo-{len(out)}", f"GPU topology of {n.get('host')} (nvidia-smi topo -m)", ["line"],
+                          [[ln] for ln in lines[:end]])  # fmt: skip
+        out.append(table)
+    return out
+
+
 FULL_RESULT_COLUMNS = [
     "collective",
     "precision",
@@ -441,7 +505,12 @@ def build_tables(run: RunData) -> dict[str, list[Table]]:
         full.append(frame_table("training-steps", "Training steps (training_steps.csv)", run.training_steps))
     meta = metadata_table(run.metadata)
     meta.rows.insert(0, ["run directory", str(run.run_dir)])
-    return {"metadata": [meta], "summary": summary, "full": full}
+    nodes = nodes_table(run.metadata)
+    return {
+        "metadata": [meta, *([nodes] if nodes else []), *topology_tables(run.metadata)],
+        "summary": summary,
+        "full": full,
+    }
 
 
 # --------------------------------------------------------------------------- rendering

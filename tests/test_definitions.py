@@ -3,7 +3,6 @@ statistics and crossover — against formulas and hand-computed values, not agai
 
 from __future__ import annotations
 
-import math
 import statistics
 
 import pandas as pd

@@ -33,7 +33,8 @@ WORLD = pytest.mark.timeout(200)
 
 STABLE_NAMES = [
     "fp32", "amp_bf16", "amp_fp16", "amp_fp16_noscaler", "fp16_hook", "bf16_hook", "fp8_hook",
-    "fsdp2_bf16_fp32reduce", "fsdp2_bf16", "fsdp2_fp16_scaler", "fsdp1_bf16",
+    "fsdp2_bf16_fp32reduce", "fsdp2_bf16", "fsdp2_fp16_scaler", "hsdp_fp32", "hsdp_bf16_fp32reduce", "hsdp_bf16",
+    "fsdp1_bf16",
     "zero1_fp32", "zero1_bf16", "zero2_fp32", "zero2_bf16", "zero3_fp32", "zero3_bf16",
 ]  # fmt: skip
 
@@ -324,6 +325,8 @@ def test_measured_comm_bytes_equal_formulas(world: list[dict[str, Any]]) -> None
         "all_gather:bfloat16": h * gathered * 2,
         "reduce_scatter:float": h * psi * 4,
     }
+    # HSDP on one node: FSDP2 (its replicate group is one rank and moves nothing)
+    assert by_op["hsdp_bf16"] == by_op["zero3_bf16"] and by_op["hsdp_fp32"] == by_op["zero3_fp32"]
     # ZeRO-2 (SHARD_GRAD_OP): gathered once per step
     assert by_op["zero2_fp32"] == {"all_gather:float": h * psi * 4, "reduce_scatter:float": h * psi * 4}
     # fp8: 1 byte per element + one fp32 scale per chunk, all_to_all + all_gather

@@ -3,7 +3,7 @@
 Public API (used by the suite runner):
 - `list_policies()` -> stable policy names (documented in `commbench.training.policies`).
 - `TrainingConfig.from_dict(d)` -> the validated `[training]` table; ValueError on bad input.
-- `run_training(config, *, device, on_policy_done=None)` -> (TrainingSummary records, TrainingStep records).
+- `run_training(config, *, device, on_policy_done=None, skip=(), hosts=None)` -> (TrainingSummary records, TrainingStep records).
 - `gain_table(summary)` -> the "performance gain" table (pure pandas, for views).
 
 `run_training` is imported lazily so that views importing `gain_table` do not pull in torch.distributed.
@@ -11,7 +11,7 @@ Public API (used by the suite runner):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from commbench.training.config import TrainingConfig
@@ -32,8 +32,9 @@ def run_training(
     device: torch.device,
     on_policy_done: Callable[[list[TrainingSummary], list[TrainingStep]], None] | None = None,
     skip: Collection[str] = (),
+    hosts: Sequence[str] | None = None,
 ) -> tuple[list[TrainingSummary], list[TrainingStep]]:
     """Run every policy of a `[training]` section (see `commbench.training.runner.run_training`)."""
     from commbench.training.runner import run_training as _run
 
-    return _run(section, device=device, on_policy_done=on_policy_done, skip=skip)
+    return _run(section, device=device, on_policy_done=on_policy_done, skip=skip, hosts=hosts)

@@ -13,6 +13,11 @@ nccl-tests bus factors (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_
 broadcast 1): the bytes a rank sends with the ring algorithm. That is the figure the issue's
 formulas give (DDP: 2(n-1)/n * Psi * bytes/element).
 
+Each call is also classified by link: "intra" when every rank of its process group is on one node,
+"inter" when the group spans nodes (`CommCounter(node_of_rank=...)`; without a node map, one node).
+That is where its bytes travel as the formulas count them: a collective over a group that spans nodes
+is bound by its inter-node edges.
+
 Gloo implements `reduce_scatter_tensor` as an all_reduce of the whole input followed by a local
 copy, so on gloo the real wire bytes of a reduce_scatter are 2(n-1)/n * input, not (n-1)/n * input.
 `wire_bytes()` reports that backend-specific figure next to the nominal one.
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -173,10 +178,13 @@ class CommCounter:
 
     _installed: CommCounter | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, node_of_rank: Sequence[int] | None = None) -> None:
         self.calls: dict[str, int] = defaultdict(int)
         self.size_bytes: dict[str, int] = defaultdict(int)  # nccl-tests size, summed
         self.bus_bytes: dict[str, float] = defaultdict(float)  # per-rank ring bytes (size x bus factor)
+        self.link_bytes: dict[str, dict[str, float]] = {"intra": defaultdict(float), "inter": defaultdict(float)}
+        """Bus bytes by link ("intra" / "inter"), then by "op:dtype"."""
+        self.node_of_rank = tuple(node_of_rank) if node_of_rank is not None else None
         self._originals: dict[str, Any] = {}
         self._local = threading.local()
         self._enabled = True
@@ -219,12 +227,24 @@ class CommCounter:
 
     def _record(self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         sizes, group = size_fn(args, kwargs)
-        factor = bus_factor(op, _group_size(group))
+        n = _group_size(group)
+        if n <= 1:  # a group of one rank (HSDP's replicate group on one node) moves nothing
+            return
+        factor = bus_factor(op, n)
+        by_link = self.link_bytes[self.link(group)]
         for size, dtype in sizes:
             key = f"{op}:{dtype_name(dtype)}"
             self.calls[key] += 1
             self.size_bytes[key] += size
             self.bus_bytes[key] += size * factor
+            by_link[key] += size * factor
+
+    def link(self, group: Any) -> str:
+        """ "inter" when `group`'s ranks sit on more than one node, else "intra"."""
+        if self.node_of_rank is None:
+            return "intra"
+        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        return "inter" if len({self.node_of_rank[r] for r in ranks}) > 1 else "intra"
 
     # -- control -------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -232,6 +252,8 @@ class CommCounter:
         self.calls.clear()
         self.size_bytes.clear()
         self.bus_bytes.clear()
+        for d in self.link_bytes.values():
+            d.clear()
 
     def paused(self) -> _Paused:
         """Context manager: collectives issued inside are not counted."""
@@ -240,6 +262,10 @@ class CommCounter:
     def snapshot(self) -> dict[str, float]:
         """Per "op:dtype" bus bytes counted so far (a copy)."""
         return dict(self.bus_bytes)
+
+    def snapshot_links(self) -> dict[str, dict[str, float]]:
+        """Bus bytes counted so far by link, then by "op:dtype" (a copy)."""
+        return {link: dict(d) for link, d in self.link_bytes.items()}
 
     def total(self) -> float:
         """All bus bytes counted so far."""

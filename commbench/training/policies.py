@@ -22,6 +22,11 @@ FSDP2 (family "fsdp2": `fully_shard` per block then the root, `MixedPrecisionPol
   fsdp2_bf16_fp32reduce  params bf16, gradient reduce-scatter fp32
   fsdp2_bf16             params bf16, reduce-scatter bf16
   fsdp2_fp16_scaler      params fp16, reduce-scatter fp16, ShardedGradScaler
+HSDP (family "hsdp": FSDP2 on a (nodes x ranks-per-node) mesh: shard within a node, replicate across nodes;
+only the gradient shards' all-reduce crosses nodes; on one node it is FSDP2):
+  hsdp_fp32              fp32 throughout
+  hsdp_bf16_fp32reduce   params bf16, reduce-scatter and cross-node all-reduce fp32
+  hsdp_bf16              params bf16, reduce-scatter and cross-node all-reduce bf16
 FSDP1 (family "fsdp1": FULL_SHARD, `MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`):
   fsdp1_bf16             MixedPrecision(bf16, fp32, bf16)  (buffers in bf16: BatchNorm statistics too)
 ZeRO stages in torch (family "zero"):
@@ -42,6 +47,9 @@ from commbench.training.strategies import (
     DDP,
     FSDP1,
     FSDP2,
+    HSDP,
+    INTER,
+    INTRA,
     NO_LAYOUT,
     NO_SCALING,
     SHORT,
@@ -67,7 +75,7 @@ class Policy:
     name: str
     """Stable registry name (used in rows and reports)."""
     family: str
-    """ddp | fsdp1 | fsdp2 | zero (a report label)."""
+    """ddp | fsdp1 | fsdp2 | hsdp | zero (a report label)."""
     description: str
     """One line for reports."""
     sharding: Sharding = DDP()
@@ -102,17 +110,29 @@ class Policy:
         """True when any fp16 arithmetic or communication touches the gradients."""
         return self.grad_low_dtype == "fp16"
 
-    def comm_bytes(self, *, psi: float, world_size: int, layout: Layout = NO_LAYOUT) -> dict[str, float]:
+    def comm_bytes(
+        self, *, psi: float, world_size: int, layout: Layout = NO_LAYOUT, nodes: int = 1
+    ) -> dict[str, float]:
         """Formula: bus bytes per step by "op:dtype" (nccl-tests definitions, see comm.py)."""
-        if world_size <= 1:
-            return {}
-        scaler = self.loss_scaling.comm_bytes(world_size=world_size)
-        wrapper = self.sharding.comm_bytes(psi=psi, world_size=world_size, grad_comm=self.grad_comm, layout=layout)
-        return merge_bytes(scaler, wrapper)
+        return merge_bytes(*self.comm_by_link(psi=psi, world_size=world_size, layout=layout, nodes=nodes).values())
 
-    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+    def comm_by_link(
+        self, *, psi: float, world_size: int, layout: Layout = NO_LAYOUT, nodes: int = 1
+    ) -> dict[str, dict[str, float]]:
+        """Formula: bus bytes per step by "op:dtype", split into INTRA- and INTER-node (see `Sharding.comm_by_link`)."""
+        if world_size <= 1:
+            return {INTRA: {}, INTER: {}}
+        split = self.sharding.comm_by_link(
+            psi=psi, world_size=world_size, grad_comm=self.grad_comm, layout=layout, nodes=nodes
+        )
+        # the scaler's found-inf all-reduce runs on the whole world
+        link = INTER if nodes > 1 else INTRA
+        split[link] = merge_bytes(self.loss_scaling.comm_bytes(world_size=world_size), split[link])
+        return split
+
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
         """Model-state bytes per rank at the step's peak (see `Sharding.state_bytes`)."""
-        return self.sharding.state_bytes(psi=psi, world_size=world_size, state=state)
+        return self.sharding.state_bytes(psi=psi, world_size=world_size, state=state, nodes=nodes)
 
     def pitfalls(self) -> list[str]:
         """Warnings the configuration itself deserves, before any step runs."""
@@ -174,6 +194,24 @@ _POLICIES: tuple[Policy, ...] = (
         description="FSDP2, params fp16, reduce-scatter fp16, ShardedGradScaler",
         sharding=FSDP2(param_dtype=FP16, reduce_dtype=FP16),
         loss_scaling=ShardedGradScaling(),
+    ),
+    Policy(
+        name="hsdp_fp32",
+        family="hsdp",
+        description="HSDP (FSDP2, shard within a node, replicate across nodes), fp32",
+        sharding=HSDP(),
+    ),
+    Policy(
+        name="hsdp_bf16_fp32reduce",
+        family="hsdp",
+        description="HSDP, params bf16, gradient reduce-scatter and cross-node all-reduce fp32",
+        sharding=HSDP(param_dtype=BF16, reduce_dtype=torch.float32),
+    ),
+    Policy(
+        name="hsdp_bf16",
+        family="hsdp",
+        description="HSDP, params bf16, gradient reduce-scatter and cross-node all-reduce bf16",
+        sharding=HSDP(param_dtype=BF16, reduce_dtype=BF16),
     ),
     Policy(
         name="fsdp1_bf16",

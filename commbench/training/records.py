@@ -22,7 +22,7 @@ class TrainingSummary(Record):
     TABLE: ClassVar[str] = "training"
 
     policy: str = col("stable policy name (commbench.training.policies)")
-    family: str = col("policy family: ddp, fsdp1, fsdp2 or zero")
+    family: str = col("policy family: ddp, fsdp1, fsdp2, hsdp or zero")
     description: str = col("one-line description of the policy")
     comm_dtype: str = col("dtype the gradients are communicated in (fp32, bf16, fp16, fp8_e4m3)")
     model: str = col("model trained: gpt, mlp or convnet")
@@ -45,6 +45,15 @@ class TrainingSummary(Record):
     comm_bytes_per_step: float = col("measured bus bytes per measured step, per rank, bytes", _NAN)
     comm_bytes_expected: float = col("formula bus bytes per step, per rank, bytes", _NAN)
     comm_wire_bytes_per_step: float = col("bytes a rank really sends per step on this backend, bytes", _NAN)
+    nodes: int | None = col("nodes the ranks ran on (distinct host names) (count)", None)
+    comm_bytes_intra_per_step: float = col(
+        "measured bus bytes per step of collectives whose group stays on one node, per rank, bytes", _NAN
+    )
+    comm_bytes_inter_per_step: float = col(
+        "measured bus bytes per step of collectives whose group spans nodes, per rank, bytes", _NAN
+    )
+    comm_bytes_inter_expected: float = col("formula bus bytes per step crossing nodes, per rank, bytes", _NAN)
+    comm_inter_by_op: str | None = col('measured inter-node bus bytes per step by "op:dtype", JSON', None)
     comm_by_op: str | None = col('measured bus bytes per step by "op:dtype", JSON', None)
     comm_expected_by_op: str | None = col('formula bus bytes per step by "op:dtype", JSON', None)
     final_loss: float = col("loss of the last step (mean over ranks)", _NAN)

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,8 @@ class StepRecord:
     nonfinite: bool
     underflow_frac: float
     comm: dict[str, float]
+    comm_links: dict[str, dict[str, float]] | None = None
+    """`comm` split by link ("intra" / "inter")."""
 
 
 def fsdp_units(model: nn.Module, policy: Policy, n: int) -> list[FsdpUnit]:
@@ -81,15 +84,43 @@ def fsdp_units(model: nn.Module, policy: Policy, n: int) -> list[FsdpUnit]:
     return policy.sharding.units(policy.sharding.describe(model), n)
 
 
-def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: int) -> Wrapped:
+@dataclass(frozen=True)
+class Nodes:
+    """Which node every rank runs on (rank order), from the ranks' host names."""
+
+    node_of_rank: tuple[int, ...]
+
+    @classmethod
+    def from_hosts(cls, hosts: Sequence[str]) -> Nodes:
+        index: dict[str, int] = {}
+        return cls(tuple(index.setdefault(h, len(index)) for h in hosts))
+
+    @property
+    def count(self) -> int:
+        return len(set(self.node_of_rank))
+
+    @property
+    def node_major(self) -> bool:
+        """Ranks numbered node by node, the same number on every node (what a 2-D mesh's rows assume)."""
+        n, k = len(self.node_of_rank), self.count
+        return n % k == 0 and self.node_of_rank == tuple(r // (n // k) for r in range(n))
+
+
+def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: int, nodes: Nodes) -> Wrapped:
     sharding = policy.sharding
+    if sharding.node_mesh and not nodes.node_major:
+        raise ValueError(
+            f"{sharding.kind} needs node-major ranks with as many on every node; node of each rank: {list(nodes.node_of_rank)}"
+        )
     buffer_bytes: dict[str, int] = {}
     for b in model.buffers():
         key = dtype_name(b.dtype)
         buffer_bytes[key] = buffer_bytes.get(key, 0) + b.numel() * b.element_size()
     # Described before wrapping: FSDP replaces the parameters with flat or sharded ones.
     units = sharding.describe(model)
-    wrapped, opt = sharding.wrap(model.to(device), device=device, lr=lr, world_size=n, grad_comm=policy.grad_comm)
+    wrapped, opt = sharding.wrap(
+        model.to(device), device=device, lr=lr, world_size=n, grad_comm=policy.grad_comm, nodes=nodes.count
+    )
     layout = Layout(tuple(sharding.bucket_numels(wrapped)), units, buffer_bytes)
     return Wrapped(wrapped, opt, policy.loss_scaling.make(device), layout)
 
@@ -164,6 +195,8 @@ class PolicyRun:
     notes: list[str]
     pitfalls: list[str]
     error: str = ""
+    nodes: int = 1
+    comm_expected_inter: dict[str, float] | None = None
 
 
 class PolicySession:
@@ -175,28 +208,33 @@ class PolicySession:
     instrumentation adds no collective to a step.
     """
 
-    def __init__(self, policy: Policy, section: TrainingConfig, device: torch.device) -> None:
+    def __init__(
+        self, policy: Policy, section: TrainingConfig, device: torch.device, nodes: Nodes | None = None
+    ) -> None:
         self.policy, self.section, self.device = policy, section, device
         self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.nodes = nodes or Nodes((0,) * self.n)
         self.backend = str(dist.get_backend())
         self.heap_base = heap_in_use() if device.type == "cpu" else None
         model = build_model(section)
         self.psi = param_count(model)
         self.notes: list[str] = []
         self.pitfalls: list[str] = []
-        self.w = _wrap(policy, model, device, float(section.lr), self.n)
+        self.w = _wrap(policy, model, device, float(section.lr), self.n, self.nodes)
         self.notes.extend(policy.grad_comm.notes())
         self.pitfalls.extend(policy.pitfalls())
         self.mult = float(section.loss_multiplier)
         self.warmup = int(section.warmup_steps)
-        self.counter = CommCounter()
+        self.counter = CommCounter(self.nodes.node_of_rank)
         self.bn: _BNInspector | None = _BNInspector(self.w.model)
         self.grad_dtype_pairs: set[tuple[torch.dtype, torch.dtype]] = set()
         self.peak_mem, self.peak_kind = math.nan, "none"
         # per step, local to this rank until finish(): [loss, sum g^2, underflowed, elements, nonfinite]
         self._local: list[torch.Tensor] = []
         self._times: list[float] = []
-        self._meta: list[tuple[int, bool, dict[str, float]]] = []  # (step, skipped, comm)
+        self._meta: list[
+            tuple[int, bool, dict[str, float], dict[str, dict[str, float]]]
+        ] = []  # (step, skipped, comm, by link)
         self._share: list[int] | None = None
 
     def _autocast(self) -> Any:
@@ -241,7 +279,7 @@ class PolicySession:
             box.append(self.train_step(x, y))
             _sync(device)
             elapsed = (time.perf_counter() - t0) * 1e6
-        comm = self.counter.snapshot()
+        comm, links = self.counter.snapshot(), self.counter.snapshot_links()
         if self.bn is not None:  # one step is enough to see which dtypes BatchNorm runs in
             self.bn.remove()
         scale_after = w.scaler.get_scale() if w.scaler is not None else 1.0
@@ -249,7 +287,7 @@ class PolicySession:
             self._local.append(self._grad_stats(box[0], scale_before))
         w.optimizer.zero_grad(set_to_none=True)
         self._times.append(elapsed)
-        self._meta.append((s, scale_after < scale_before, comm))
+        self._meta.append((s, scale_after < scale_before, comm, links))
 
     def _my_share(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's part of the gradient tensors for the statistics.
@@ -315,7 +353,7 @@ class PolicySession:
         if math.isfinite(self.peak_mem):
             self.peak_mem = times_l[-1]
         records: list[StepRecord] = []
-        for i, (s, skipped, comm) in enumerate(self._meta):
+        for i, (s, skipped, comm, links) in enumerate(self._meta):
             loss_v = gn = under = math.nan
             nonfinite = False
             if i < len(stats_l):
@@ -334,6 +372,7 @@ class PolicySession:
                     nonfinite=nonfinite,
                     underflow_frac=under,
                     comm=comm,
+                    comm_links=links,
                 )
             )
         pitfalls = list(self.pitfalls)
@@ -344,7 +383,9 @@ class PolicySession:
         if self.bn is not None:
             pitfalls.extend(pitfalls_mod.batchnorm_low_precision(self.bn.seen))
         notes = list(self.notes)
-        expected = self.policy.comm_bytes(psi=self.psi, world_size=n, layout=self.w.layout)
+        k = self.nodes.count
+        expected_links = self.policy.comm_by_link(psi=self.psi, world_size=n, layout=self.w.layout, nodes=k)
+        expected = self.policy.comm_bytes(psi=self.psi, world_size=n, layout=self.w.layout, nodes=k)
         measured = _mean_comm([r for r in records if not r.warmup])
         wire, quirks = wire_bytes(measured, self.backend, n)
         notes.extend(quirks)
@@ -354,17 +395,20 @@ class PolicySession:
             psi=self.psi,
             peak_mem_bytes=self.peak_mem,
             peak_mem_kind=self.peak_kind,
-            model_state_bytes=int(self.policy.state_bytes(psi=self.psi, world_size=n)),
+            model_state_bytes=int(self.policy.state_bytes(psi=self.psi, world_size=n, nodes=k)),
             comm_expected=expected,
             comm_wire_bytes=wire,
+            nodes=k,
+            comm_expected_inter=expected_links["inter"],
             notes=notes,
             pitfalls=pitfalls,
         )
 
 
-def run_policy(policy: Policy, section: TrainingConfig, device: torch.device) -> PolicyRun:
-    """Train `warmup_steps + steps` steps under `policy`; collectives on the default group."""
-    sess = PolicySession(policy, section, device)
+def run_policy(policy: Policy, section: TrainingConfig, device: torch.device, nodes: Nodes | None = None) -> PolicyRun:
+    """Train `warmup_steps + steps` steps under `policy`; collectives on the default group (and, for a
+    node mesh, its sub-groups). `nodes`: which node each rank is on (default: all on one)."""
+    sess = PolicySession(policy, section, device, nodes)
     total = sess.warmup + int(section.steps)
     mem_step = sess.warmup - 1 if section.measure_memory else -1
     with sess.counter:
@@ -374,11 +418,13 @@ def run_policy(policy: Policy, section: TrainingConfig, device: torch.device) ->
     return run
 
 
-def _mean_comm(records: list[StepRecord]) -> dict[str, float]:
+def _mean_comm(records: list[StepRecord], link: str | None = None) -> dict[str, float]:
+    """Mean bus bytes per step by "op:dtype" (of one link's collectives when `link` is given)."""
     if not records:
         return {}
-    keys = sorted({k for r in records for k in r.comm})
-    return {k: sum(r.comm.get(k, 0.0) for r in records) / len(records) for k in keys}
+    per = [r.comm if link is None else (r.comm_links or {}).get(link, {}) for r in records]
+    keys = sorted({k for c in per for k in c})
+    return {k: sum(c.get(k, 0.0) for c in per) / len(records) for k in keys}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -430,6 +476,7 @@ def build_rows(
     p50, p95 = _pct(times, 0.5), _pct(times, 0.95)
     samples = int(section.batch_size) * n / (p50 * 1e-6) if p50 and math.isfinite(p50) else math.nan
     comm_by_op = _mean_comm(measured)
+    comm_inter = _mean_comm(measured, "inter")
     comm_total = sum(comm_by_op.values())
     expected_total = sum(run.comm_expected.values())
     skipped = sum(r.skipped for r in run.steps)
@@ -481,6 +528,11 @@ def build_rows(
         "comm_bytes_per_step": comm_total,
         "comm_bytes_expected": expected_total,
         "comm_wire_bytes_per_step": run.comm_wire_bytes,
+        "nodes": run.nodes,
+        "comm_bytes_intra_per_step": sum(_mean_comm(measured, "intra").values()),
+        "comm_bytes_inter_per_step": sum(comm_inter.values()),
+        "comm_bytes_inter_expected": sum((run.comm_expected_inter or {}).values()),
+        "comm_inter_by_op": json.dumps(comm_inter, sort_keys=True),
         "comm_by_op": json.dumps(comm_by_op, sort_keys=True),
         "comm_expected_by_op": json.dumps(run.comm_expected, sort_keys=True),
         "final_loss": final.loss if final else math.nan,
@@ -545,10 +597,13 @@ def run_training(
     device: torch.device,
     on_policy_done: Callable[[list[TrainingSummary], list[TrainingStep]], None] | None = None,
     skip: Collection[str] = (),
+    hosts: Sequence[str] | None = None,
 ) -> tuple[list[TrainingSummary], list[TrainingStep]]:
     """Run every policy of a `[training]` section; complete records on rank 0, empty lists elsewhere.
 
-    `section` is a `TrainingConfig` (a plain table is validated into one).
+    `section` is a `TrainingConfig` (a plain table is validated into one). `hosts`: every rank's host name in
+    rank order (`launch.Dist.hosts`; gathered here when not given): it splits comm bytes into intra- and
+    inter-node and lays out node meshes.
 
     `skip` (the same on every rank) names policies already done, e.g. when resuming: they are not
     run, except the fp32 baseline, which still runs when another policy needs it but is not reported.
@@ -565,6 +620,11 @@ def run_training(
         names.insert(0, BASELINE)  # the baseline always runs first: drift needs it
     rank, n = dist.get_rank(), dist.get_world_size()
     backend = str(dist.get_backend())
+    if hosts is None:
+        gathered: list[Any] = [None] * n
+        dist.all_gather_object(gathered, socket.gethostname())
+        hosts = [str(h) for h in gathered]
+    nodes = Nodes.from_hosts(hosts)
     summary_rows: list[TrainingSummary] = []
     step_rows: list[TrainingStep] = []
     baseline: PolicyRun | None = None
@@ -572,11 +632,11 @@ def run_training(
         # Prime the process: the first training run allocates process-lifetime caches (oneDNN
         # primitives, gloo buffers, thread pools) that the heap measurement would charge to the
         # baseline. Two untimed fp32 steps, no rows.
-        run_policy(get_policy(BASELINE), sec.replace(steps=1, warmup_steps=1, measure_memory=False), device)
+        run_policy(get_policy(BASELINE), sec.replace(steps=1, warmup_steps=1, measure_memory=False), device, nodes)
     for name in names:
         policy = get_policy(name)
         try:
-            run = run_policy(policy, sec, device)
+            run = run_policy(policy, sec, device, nodes)
         except Exception as exc:  # noqa: BLE001 - keep the other policies; the row carries the error
             if rank == 0 and name not in skip:
                 row = _error_rows(policy, sec, n, backend, device, f"{type(exc).__name__}: {exc}")

@@ -1,7 +1,7 @@
 """Training strategies: how a policy shards the model, communicates gradients and scales the loss.
 
 A policy (`policies.py`) composes three objects:
-- a `Sharding` (DDP, ZeRO-1, FSDP1, FSDP2): wraps the model and builds the optimizer;
+- a `Sharding` (DDP, ZeRO-1, FSDP1, FSDP2, HSDP): wraps the model and builds the optimizer;
 - a `GradComm` (torch's all-reduce hook, a cast hook, a chunked-codec hook): the DDP gradient hook;
 - a `LossScaling` (none, GradScaler, ShardedGradScaler): builds the scaler.
 
@@ -18,8 +18,12 @@ Memory follows ZeRO (Rajbhandari et al. 2020, section 3): per parameter P bytes 
 gradients and K of optimizer state (`ModelState`; here fp32 training with AdamW: 4 + 4 + 8); each
 sharding says which of the three it partitions over the N ranks.
 
-A new kind is one new class here (HSDP: an `FSDP2` whose `_mesh` is 2-D and whose formulas split the
-gathers between the intra- and inter-node groups); nothing else asks a strategy for its name.
+A new kind is one new class here (`HSDP` is an `FSDP2` whose `_mesh` is 2-D and whose formulas split the
+traffic between the intra- and inter-node groups); nothing else asks a strategy for its name.
+
+The world layout is `world_size` ranks on `nodes` nodes (default 1). `comm_by_link` splits a step's bus
+bytes into INTRA (collectives whose group stays on one node) and INTER (groups spanning nodes), the same
+classification `comm.CommCounter` applies to the calls it intercepts.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ UNDERFLOW: dict[str, tuple[float, float]] = {
 }
 """Report dtype name -> (absolute, amax-relative) magnitude at or below which a gradient element underflows,
 from the lowest precision to the highest (the order `Policy.grad_low_dtype` picks the lowest by)."""
+
+INTRA, INTER = "intra", "inter"
+"""Link classes of a collective: its process group's ranks all on one node, or on several (see `comm.py`)."""
 
 DDP_FIRST_BUCKET_BYTES = 1024**2
 """DDP's first bucket (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`): small, so communication starts early."""
@@ -355,20 +362,52 @@ class Sharding(ABC):
     takes_hooks: bool
     """DDP comm hooks apply (a GradComm other than the all-reduce is accepted)."""
 
+    node_mesh: bool = False
+    """Wraps on a (nodes x ranks-per-node) mesh: needs node-major rank order and as many ranks on every node."""
+
     @abstractmethod
     def wrap(
-        self, model: nn.Module, *, device: torch.device, lr: float, world_size: int, grad_comm: GradComm
+        self,
+        model: nn.Module,
+        *,
+        device: torch.device,
+        lr: float,
+        world_size: int,
+        grad_comm: GradComm,
+        nodes: int = 1,
     ) -> tuple[nn.Module, Any]:
         """(wrapped model, optimizer) for `model` already on `device`."""
 
     @abstractmethod
     def comm_bytes(
-        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
+        self,
+        *,
+        psi: float,
+        world_size: int,
+        grad_comm: GradComm = ALL_REDUCE,
+        layout: Layout = NO_LAYOUT,
+        nodes: int = 1,
     ) -> dict[str, float]:
-        """Bus bytes per step by "op:dtype". An empty `layout` means "from Psi alone"."""
+        """Bus bytes per step by "op:dtype" on `world_size` ranks over `nodes` nodes. An empty `layout` means
+        "from Psi alone"."""
+
+    def comm_by_link(
+        self,
+        *,
+        psi: float,
+        world_size: int,
+        grad_comm: GradComm = ALL_REDUCE,
+        layout: Layout = NO_LAYOUT,
+        nodes: int = 1,
+    ) -> dict[str, dict[str, float]]:
+        """`comm_bytes` split by link: {INTRA: bytes of collectives whose group stays on one node, INTER: those
+        whose group spans nodes}. Here every collective runs on the whole world, so all of it crosses nodes
+        as soon as there are two: a ring over the world is as slow as its inter-node edges."""
+        total = self.comm_bytes(psi=psi, world_size=world_size, grad_comm=grad_comm, layout=layout, nodes=nodes)
+        return {INTRA: {}, INTER: total} if nodes > 1 else {INTRA: total, INTER: {}}
 
     @abstractmethod
-    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
         """Model-state bytes per rank at the step's peak."""
 
     def bucket_numels(self, wrapped: nn.Module) -> list[int]:
@@ -406,7 +445,14 @@ class DDP(Sharding):
     takes_hooks: bool = True
 
     def wrap(
-        self, model: nn.Module, *, device: torch.device, lr: float, world_size: int, grad_comm: GradComm
+        self,
+        model: nn.Module,
+        *,
+        device: torch.device,
+        lr: float,
+        world_size: int,
+        grad_comm: GradComm,
+        nodes: int = 1,
     ) -> tuple[nn.Module, Any]:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -429,7 +475,13 @@ class DDP(Sharding):
         return [int(s) // 4 for s in sizes.split(",") if s]  # bytes of fp32 buckets
 
     def comm_bytes(
-        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
+        self,
+        *,
+        psi: float,
+        world_size: int,
+        grad_comm: GradComm = ALL_REDUCE,
+        layout: Layout = NO_LAYOUT,
+        nodes: int = 1,
     ) -> dict[str, float]:
         if world_size <= 1:
             return {}
@@ -438,7 +490,7 @@ class DDP(Sharding):
             _add(out, f"broadcast:{key}", nbytes * bus_factor("broadcast", world_size))
         return out
 
-    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
         return state.param_bytes * psi + state.grad_bytes * psi + state.optimizer_bytes * psi
 
 
@@ -452,14 +504,20 @@ class ZeRO1(DDP):
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
 
     def comm_bytes(
-        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
+        self,
+        *,
+        psi: float,
+        world_size: int,
+        grad_comm: GradComm = ALL_REDUCE,
+        layout: Layout = NO_LAYOUT,
+        nodes: int = 1,
     ) -> dict[str, float]:
         out = DDP.comm_bytes(self, psi=psi, world_size=world_size, grad_comm=grad_comm, layout=layout)
         if world_size > 1:  # each owner broadcasts its updated fp32 parameters
             _add(out, "broadcast:float", psi * 4 * bus_factor("broadcast", world_size))
         return out
 
-    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
         return state.param_bytes * psi + state.grad_bytes * psi + state.optimizer_bytes * psi / world_size
 
 
@@ -505,7 +563,13 @@ class _Fsdp(Sharding):
         return out
 
     def comm_bytes(
-        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT
+        self,
+        *,
+        psi: float,
+        world_size: int,
+        grad_comm: GradComm = ALL_REDUCE,
+        layout: Layout = NO_LAYOUT,
+        nodes: int = 1,
     ) -> dict[str, float]:
         """Per unit: all_gather of the param-dtype shards (again for backward when resharded after
         forward; the root stays gathered) and a reduce-scatter in the reduce dtype. Without units, one
@@ -524,7 +588,7 @@ class _Fsdp(Sharding):
             _add(out, f"reduce_scatter:{dtype_name(u.reduce_dtype)}", rs * n * u.shard_numel * u.reduce_dtype.itemsize)
         return out
 
-    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32) -> float:
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
         """Gradients are set to None after each step, so the peak is the larger of two phases: the
         optimizer step (sharded P + G + K) and the end of forward (sharded P + K, plus the unsharded
         param-dtype copy ZeRO-2 keeps from forward to backward; FULL_SHARD's one or two gathered units
@@ -550,7 +614,14 @@ class FSDP1(_Fsdp):
         return -(-sum(_numel(s) for s in shapes) // world_size)
 
     def wrap(
-        self, model: nn.Module, *, device: torch.device, lr: float, world_size: int, grad_comm: GradComm
+        self,
+        model: nn.Module,
+        *,
+        device: torch.device,
+        lr: float,
+        world_size: int,
+        grad_comm: GradComm,
+        nodes: int = 1,
     ) -> tuple[nn.Module, Any]:
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -583,17 +654,24 @@ class FSDP2(_Fsdp):
         # every parameter sharded on dim 0, dim 0 padded to a multiple of n
         return sum(-(-s[0] // world_size) * (_numel(s) // max(s[0], 1)) for s in shapes if s)
 
-    def _mesh(self, device: torch.device, world_size: int) -> Any:
+    def _mesh(self, device: torch.device, world_size: int, nodes: int = 1) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(device.type, (world_size,))
 
     def wrap(
-        self, model: nn.Module, *, device: torch.device, lr: float, world_size: int, grad_comm: GradComm
+        self,
+        model: nn.Module,
+        *,
+        device: torch.device,
+        lr: float,
+        world_size: int,
+        grad_comm: GradComm,
+        nodes: int = 1,
     ) -> tuple[nn.Module, Any]:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = self._mesh(device, world_size)
+        mesh = self._mesh(device, world_size, nodes)
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
         # None = FSDP2's default: reshard blocks after forward, keep the root gathered (the formula assumes it).
         reshard = None if self.reshard_after_forward else False
@@ -609,6 +687,69 @@ class FSDP2(_Fsdp):
         return model, torch.optim.AdamW(model.parameters(), lr=lr)
 
 
+@dataclass(frozen=True, slots=True)
+class HSDP(FSDP2):
+    """FSDP2 on a 2-D mesh (replicate across nodes, shard within a node): parameters are all-gathered and
+    gradients reduce-scattered inside a node, then each rank's gradient shard is all-reduced with the ranks
+    of the same local index on the other nodes (`foreach_reduce`'s `all_reduce_group`). Only that all-reduce
+    crosses nodes: 2(r-1)/r of a shard in the reduce dtype per unit, r = nodes. On one node it is FSDP2."""
+
+    kind: str = "hsdp"
+    node_mesh: bool = True
+
+    @staticmethod
+    def split(world_size: int, nodes: int) -> tuple[int, int]:
+        """(replicas, ranks per shard group) = (nodes, ranks per node); ValueError when the nodes differ."""
+        if nodes < 1 or world_size % nodes:
+            raise ValueError(f"HSDP needs the same number of ranks on every node: {world_size} ranks on {nodes} nodes")
+        return nodes, world_size // nodes
+
+    def _mesh(self, device: torch.device, world_size: int, nodes: int = 1) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # init_device_mesh lays ranks out row-major: row i = ranks i*g .. i*g+g-1, one node (node-major ranks,
+        # as torchrun, srun and mpirun's by-node defaults number them; the runner checks it).
+        return init_device_mesh(device.type, self.split(world_size, nodes), mesh_dim_names=("replicate", "shard"))
+
+    def comm_by_link(
+        self,
+        *,
+        psi: float,
+        world_size: int,
+        grad_comm: GradComm = ALL_REDUCE,
+        layout: Layout = NO_LAYOUT,
+        nodes: int = 1,
+    ) -> dict[str, dict[str, float]]:
+        r, g = self.split(world_size, nodes)
+        intra = _Fsdp.comm_bytes(self, psi=psi, world_size=g, layout=layout)
+        inter: dict[str, float] = {}
+        ar = bus_factor("all_reduce", r)
+        for u in self.units(layout.units or (UnitShape(((int(psi),),)),), g):
+            _add(inter, f"all_reduce:{dtype_name(u.reduce_dtype)}", ar * u.shard_numel * u.reduce_dtype.itemsize)
+        if r == 1:  # one node: the replicate group is that node's own ranks
+            intra, inter = merge_bytes(intra, inter), {}
+        return {INTRA: intra, INTER: inter}
+
+    def comm_bytes(
+        self,
+        *,
+        psi: float,
+        world_size: int,
+        grad_comm: GradComm = ALL_REDUCE,
+        layout: Layout = NO_LAYOUT,
+        nodes: int = 1,
+    ) -> dict[str, float]:
+        if world_size <= 1:
+            return {}
+        return merge_bytes(
+            *self.comm_by_link(psi=psi, world_size=world_size, grad_comm=grad_comm, layout=layout, nodes=nodes).values()
+        )
+
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
+        """FSDP2's figure with the model sharded over one node's ranks (every node keeps a full copy)."""
+        return FSDP2.state_bytes(self, psi=psi, world_size=self.split(world_size, nodes)[1], state=state)
+
+
 def autocast(dtype: torch.dtype | None, device: torch.device) -> Any:
     """The autocast context for a compute dtype (None: no autocast)."""
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
@@ -616,6 +757,6 @@ def autocast(dtype: torch.dtype | None, device: torch.device) -> Any:
 
 __all__ = [
     "ADAM_FP32", "ALL_REDUCE", "DDP", "FSDP1", "FSDP2", "NO_SCALING", "AllReduceHook", "CastHook", "CodecHook",
-    "FsdpUnit", "GradComm", "GradScaling", "Layout", "LossScaling", "ModelState", "NO_LAYOUT", "NoLossScaling", "ShardedGradScaling",
+    "FsdpUnit", "GradComm", "GradScaling", "HSDP", "INTER", "INTRA", "Layout", "LossScaling", "ModelState", "NO_LAYOUT", "NoLossScaling", "ShardedGradScaling",
     "Sharding", "UnitShape", "ZeRO1", "default_bucket_numels", "merge_bytes", "unit_shapes",
 ]  # fmt: skip
