@@ -365,7 +365,14 @@ def load_crossover(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     p = _require_run_dir(run_dir)
     if not (p / "crossover.csv").is_file():
         return pd.DataFrame(columns=list(CROSSOVER_COLUMNS))
-    return pd.read_csv(p / "crossover.csv")
+    df = pd.read_csv(p / "crossover.csv")
+    # older runs lack later columns: fill their defaults, in the record's column order
+    defaults = Crossover.defaults()
+    for c in CROSSOVER_COLUMNS:
+        if c not in df.columns:
+            df[c] = defaults.get(c, math.nan)
+    df["crossover_bytes"] = pd.to_numeric(df["crossover_bytes"], errors="coerce").astype("Int64")
+    return df[list(CROSSOVER_COLUMNS)]
 
 
 def crossover(df: pd.DataFrame) -> list[dict[str, Any]]:

@@ -62,10 +62,19 @@ def point(**over: Any) -> dict[str, Any]:
 def test_columns_match_the_schema_1_example_header() -> None:
     # independent reference: the header line of a results.csv written before records existed
     header = (EXAMPLE / "results.csv").read_text().splitlines()[0].split(",")
-    added = ["comm_rel_err"]  # columns added since schema 1 (each with a default, so old rows still load)
+    # columns added since schema 1, each with a default so old rows still load
+    added = [
+        "comm_rel_err", "group", "group_size", "n_groups", "time_ci_low_us", "time_ci_high_us", "ci_coverage",
+        "noisy", "busbw_ci_low_gbps", "busbw_ci_high_gbps", "total_ci_low_us", "total_ci_high_us",
+        "effective_ci_low_gbps", "effective_ci_high_gbps", "gain_vs_fp32", "gain_ci_low", "gain_ci_high",
+        "gain_significant", "algo_gain", "algo_gain_ci_low", "algo_gain_ci_high", "precision_gain",
+        "precision_gain_ci_low", "precision_gain_ci_high",
+    ]  # fmt: skip
     assert [c for c in CollectivePoint.columns() if c not in added] == header
     assert [c for c in commbench.results.COLUMNS if c not in added] == header
-    assert commbench.results.POINT_KEY == ("collective", "precision", "payload", "fp32_bytes")
+    defaults = CollectivePoint.defaults()
+    assert all(c in defaults for c in added)
+    assert commbench.results.POINT_KEY == ("collective", "precision", "payload", "fp32_bytes", "group")
     assert record_for_table("results") is CollectivePoint  # a subclass does not take the table over
 
 
@@ -104,7 +113,7 @@ def test_added_column_travels_writer_csv_parquet_loader(tmp_path: Path) -> None:
         assert (run / name).is_file(), name
     # the CSV, read with the csv text alone: the new columns after the 34 known ones
     header = (run / "results.csv").read_text().splitlines()[0].split(",")
-    assert header[-2:] == ["queue_depth", "tag"] and len(header) == len(CollectivePoint.columns()) + 2 == 36
+    assert header[-2:] == ["queue_depth", "tag"] and len(header) == len(CollectivePoint.columns()) + 2
     for df in (load_table(run, QueuedPoint), pd.read_parquet(run / "results.parquet")):
         assert list(df["queue_depth"]) == [1, 3] and str(df["queue_depth"].dtype) == "int64"
         assert df["tag"].iloc[0] == "a" and pd.isna(df["tag"].iloc[1])
@@ -120,7 +129,7 @@ def test_added_column_travels_writer_csv_parquet_loader(tmp_path: Path) -> None:
     # --resume: journal rows come back as records, equal to what was written
     w2 = RunWriter(run, resume=True)
     assert w2.records(QueuedPoint) == rows
-    assert w2.done_keys() == {("all_reduce", "fp32", "normal", 1024), ("all_reduce", "fp32", "normal", 4096)}
+    assert w2.done_keys() == {("all_reduce", "fp32", "normal", 1024, "world"), ("all_reduce", "fp32", "normal", 4096, "world")}
     w2.add([QueuedPoint(**point(fp32_bytes=16384, queue_depth=7))])
     assert len(read_journal(run / "rows.jsonl")) == 3
     assert list(load_table(run, QueuedPoint)["queue_depth"]) == [1, 3, 7]
