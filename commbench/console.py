@@ -13,7 +13,10 @@ from commbench.config import format_size
 from commbench.records import is_missing
 from commbench.table import LEGEND, block_title, columns_for, format_row, header_lines, terminal_width
 
-__all__ = ["PointPrinter", "SweepProgress", "print_crossover", "print_noise_warning", "print_skipped", "training_line"]
+__all__ = [
+    "PointPrinter", "SweepProgress", "print_crossover", "print_noise_warning", "print_skipped", "print_stragglers",
+    "training_line",
+]  # fmt: skip
 
 class SweepProgress:
     """A transient rich progress bar on stderr, or nothing when quiet (or nothing to do)."""
@@ -118,3 +121,11 @@ def training_line(row: Mapping[str, Any]) -> str:
         f"  comm/step {num('comm_bytes_per_step', 0.0):>12,.0f} B  final-loss drift {num('final_loss_drift', math.nan):.3g}"
         + (f"  WARN {row['warnings']}" if row.get("warnings") else "")
     )
+
+
+def print_stragglers(found: list[dict[str, Any]]) -> None:
+    """Name a rank or node the others consistently wait for (commbench.stragglers)."""
+    from commbench.stragglers import describe
+
+    for s in found:
+        print(f"# straggler: {describe(s)}")

@@ -262,6 +262,10 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:
         torch.set_num_threads(threads)
+    if os.environ.get(PIN_ENV) == "1" and hasattr(os, "sched_setaffinity"):
+        # opt-in: one core per local rank (rank r on core r), so a busy core slows exactly one rank
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[info.local_rank % len(cores)]})
     if backend == "nccl":
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
@@ -349,6 +353,9 @@ def exit_process(code: int) -> NoReturn:
 
 LOG_DIR_ENV = "COMMBENCH_LOG_DIR"
 """Set on every rank of a local spawn that keeps logs: the directory of ``rank<r>.log``."""
+
+PIN_ENV = "COMMBENCH_PIN_RANKS"
+"""Set to 1 to pin each local rank to one core (rank r on the r-th allowed core)."""
 
 STORE_FD_ENV = "COMMBENCH_STORE_FD"
 """Set on every rank of a local spawn: rank 0's value is the inherited, already-listening rendezvous socket."""

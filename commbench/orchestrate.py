@@ -217,10 +217,11 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
     printer = console.PointPrinter()
     try:
         for group, indices in todo:
-            points = sweep.run_group(group, indices)
+            points, ranks = sweep.run_group_ranks(group, indices)
             if lead:
                 assert writer is not None
                 writer.add([p for _, p in points])
+                writer.add(ranks)
                 for _, p in points:
                     printer.row(p.as_dict(), group.collective.redop)
                 progress.advance(f"{group.collective.name} {format_size(group.fp32_bytes)} [{group.kind}]", len(indices))
@@ -235,6 +236,9 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
         cross = crossover(df)
         writer.write_crossover(cross)
         console.print_crossover(cross)
+        from commbench.stragglers import stragglers
+
+        console.print_stragglers(stragglers(pd.DataFrame(writer.rows["ranks"])))
 
 
 def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:

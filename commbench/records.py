@@ -217,6 +217,26 @@ class CollectivePoint(Record):
 
 
 @dataclass(kw_only=True, slots=True)
+class RankPoint(Record):
+    """One rank at one measured point: a row of ``ranks.csv`` (per-rank timings, to find stragglers)."""
+
+    TABLE: ClassVar[str] = "ranks"
+
+    collective: str = col("collective name")
+    precision: str = col("precision name")
+    group: str = col("communicator group kind (world, intra, inter)", "world")
+    payload: str = col("input distribution")
+    fp32_bytes: int = col("fp32 size of the user's tensor, bytes")
+    rank: int = col("global rank")
+    host: str = col("host the rank ran on")
+    time_us: float = col("median over samples of this rank's per-op collective time, microseconds")
+    wait_us: float = col(
+        "median over rounds of the time this rank waited in the round's barriers, microseconds "
+        "(the rank the others wait for waits least)"
+    )
+
+
+@dataclass(kw_only=True, slots=True)
 class Crossover(Record):
     """Per collective, payload and precision: from which size the precision beats fp32 (``crossover.csv``)."""
 

@@ -30,7 +30,7 @@ from commbench.groups import SubGroup, build, get_group_kind, unusable
 from commbench.launch import Dist
 from commbench.precision import Precision, get_precision
 from commbench.raw_codec import NAME as ALGORITHM_BASELINE
-from commbench.records import CollectivePoint
+from commbench.records import CollectivePoint, RankPoint
 from commbench.timing import Rounds, bandwidth_gbps, measure_rounds, percentile
 
 BASELINE = "fp32"
@@ -159,6 +159,12 @@ class Sweep:
         return coll.layout(total, n)
 
     def run_group(self, group: Group, todo: set[int] | None = None) -> list[tuple[int, CollectivePoint]]:
+        """Check and time every point of ``group`` (see :meth:`run_group_ranks`); the point records only."""
+        return self.run_group_ranks(group, todo)[0]
+
+    def run_group_ranks(
+        self, group: Group, todo: set[int] | None = None
+    ) -> tuple[list[tuple[int, CollectivePoint]], list[RankPoint]]:
         """Check and time every point of ``group``; records of the points in ``todo`` (all when None).
 
         Points already finished (``--resume``) are timed again when a point still to do needs them as its
@@ -169,7 +175,7 @@ class Sweep:
         view = GroupView(d, sg)
         layout = self.layout(coll, group.fp32_bytes, sg.size)
         if layout is None:
-            return []
+            return [], []
         ops, checks = [], []
         for index, pt in group.points:
             _fault_hook(d.rank, index)
@@ -214,6 +220,24 @@ class Sweep:
                     prec_gain = stats.paired_ratio_ci(totals[algo], totals[c])
             rec = self._record(pt, layout, op.wire_bytes, op.has_codec, chk, rounds, c, gain, algo_gain, prec_gain, sg)
             out.append((index, rec))
+        return out, self._rank_records(group, rounds, [i for i, _ in group.points if todo is None or i in todo])
+
+    def _rank_records(self, group: Group, r: Rounds, keep: list[int]) -> list[RankPoint]:
+        """Per rank and point: the rank's median comm time and its median barrier wait of the group's rounds."""
+        out = []
+        wait_us = [statistics.median(w) * 1e6 for w in r.waits]
+        for c, (index, pt) in enumerate(group.points):
+            if index not in keep:
+                continue
+            comm_phase = len(r.samples[c]) // 2  # encode/comm/decode or comm alone
+            for rank, samples in enumerate(r.samples[c][comm_phase]):
+                out.append(
+                    RankPoint(
+                        collective=pt.collective.name, precision=pt.precision.name, group=group.kind,
+                        payload=self.suite.payload, fp32_bytes=pt.fp32_bytes, rank=rank, host=self.d.hosts[rank],
+                        time_us=statistics.median(samples) * 1e6, wait_us=wait_us[rank],
+                    )
+                )  # fmt: skip
         return out
 
     def _record(

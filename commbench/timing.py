@@ -110,6 +110,9 @@ class Rounds:
     iters: tuple[tuple[int, ...], ...]
     """k (back-to-back ops per sample) of each contender's phases."""
     samples: tuple[tuple[tuple[tuple[float, ...], ...], ...], ...]
+    waits: tuple[tuple[float, ...], ...]
+    """Seconds each rank spent waiting in the round's barriers, ``waits[rank][round]``: the rank the others
+    wait for (a straggler: a busy core, a slow link) waits least."""
     rounds: int
     converged: bool
     """True when every contender's total time reached the target interval half-width."""
@@ -184,39 +187,54 @@ def measure_rounds(
     rounds = 0
     converged = False
     elapsed = 0.0
+    waits: list[list[float]] = []  # [rank][round]
     while True:
         values = [[0.0] * n for n in shape]
+        wait = 0.0
         for j in range(len(contenders)):
             c = (j + rounds) % len(contenders)
             for p, fn in enumerate(contenders[c]):
+                # Time spent waiting in the barrier: the rank the others wait for (a straggler) waits least.
+                tb = clock()
                 barrier()
+                wait += clock() - tb
                 values[c][p] = run_sample(fn, iters[c][p], sync=sync, clock=clock) / iters[c][p]
         rounds += 1
-        flat = [v for row in values for v in row] + [clock() - t0]
+        flat = [v for row in values for v in row] + [wait, clock() - t0]
         per_rank = gather(flat)
         elapsed = max(r[-1] for r in per_rank)
         if acc is None:
             acc = [[[[] for _ in per_rank] for _ in range(n)] for n in shape]
+            waits = [[] for _ in per_rank]
         for r, vals in enumerate(per_rank):
             i = 0
             for c, n in enumerate(shape):
                 for p in range(n):
                     acc[c][p][r].append(vals[i])
                     i += 1
+            waits[r].append(vals[-2])
         if rounds >= min_rounds:
-            result = _rounds(iters, acc, rounds, False, elapsed)
+            result = _rounds(iters, acc, waits, rounds, False, elapsed)
             converged = all(ci(result.per_sample_total(c)) <= target_rel_ci for c in range(len(contenders)))
             if converged or elapsed >= budget_s or rounds >= max_rounds:
                 break
     assert acc is not None
-    return _rounds(iters, acc, rounds, converged, elapsed)
+    return _rounds(iters, acc, waits, rounds, converged, elapsed)
 
 
 def _rounds(
-    iters: tuple[tuple[int, ...], ...], acc: list[list[list[list[float]]]], rounds: int, converged: bool, elapsed: float
+    iters: tuple[tuple[int, ...], ...],
+    acc: list[list[list[list[float]]]],
+    waits: list[list[float]],
+    rounds: int,
+    converged: bool,
+    elapsed: float,
 ) -> Rounds:
     samples = tuple(tuple(tuple(tuple(r) for r in phase) for phase in c) for c in acc)
-    return Rounds(iters=iters, samples=samples, rounds=rounds, converged=converged, elapsed_s=elapsed)
+    return Rounds(
+        iters=iters, samples=samples, waits=tuple(tuple(w) for w in waits), rounds=rounds, converged=converged,
+        elapsed_s=elapsed,
+    )  # fmt: skip
 
 
 def percentile(values: Sequence[float], q: float) -> float:
