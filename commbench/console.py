@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,12 +14,28 @@ from commbench.config import format_size
 from commbench.records import is_missing
 from commbench.table import LEGEND, block_title, columns_for, format_row, header_lines, terminal_width
 
-__all__ = ["PointPrinter", "SweepProgress", "print_crossover", "print_noise_warning", "print_skipped", "training_line"]
+__all__ = [
+    "PointPrinter",
+    "SweepProgress",
+    "comment",
+    "print_crossover",
+    "print_noise_warning",
+    "print_resume",
+    "print_skipped",
+    "report_progress",
+    "training_line",
+]
+
+
+def comment(text: str, width: int | None = None, indent: str = "") -> list[str]:
+    """`text` as '# ' lines that fit the terminal (a long sentence wraps instead of running off the edge)."""
+    w = max(40, (width or terminal_width()) - 1)
+    return textwrap.wrap(text, w, initial_indent="# " + indent, subsequent_indent="# " + indent + "  ") or ["#"]
 
 class SweepProgress:
     """A transient rich progress bar on stderr, or nothing when quiet (or nothing to do)."""
 
-    def __init__(self, total: int, *, enabled: bool) -> None:
+    def __init__(self, total: int, *, enabled: bool, label: str = "sweep") -> None:
         self._progress: Any = None
         self._task: Any = None
         if not enabled or total == 0:
@@ -38,7 +55,7 @@ class SweepProgress:
             console=Console(stderr=True), transient=True,
         )  # fmt: skip
         self._progress.start()
-        self._task = self._progress.add_task("sweep", total=total)
+        self._task = self._progress.add_task(label, total=total)
 
     def advance(self, description: str, n: int = 1) -> None:
         if self._progress is not None:
@@ -55,17 +72,20 @@ class PointPrinter:
 
     def __init__(self, width: int | None = None) -> None:
         self._block: str | None = None
-        self._cols = columns_for(width or terminal_width())
+        self._width = width or terminal_width()
+        self._cols = columns_for(self._width)
         self._legend = False
 
     def row(self, row: Any, redop: str) -> None:
         if not self._legend:
             self._legend = True
-            print(LEGEND)
+            for line in comment(LEGEND.removeprefix("# "), self._width):
+                print(line)
         if row["collective"] != self._block:
             self._block = row["collective"]
             print("#")
-            print(block_title(row))
+            for line in comment(block_title(row).removeprefix("# "), self._width):
+                print(line)
             for line in header_lines(self._cols):
                 print(line)
         print(format_row({**row, "redop": redop}, self._cols))
@@ -83,33 +103,70 @@ def print_noise_warning(df: Any) -> None:
         return
     noisy = int(df["noisy"].fillna(False).astype(bool).sum())
     if noisy:
-        print(
-            f"# warning: {noisy} of {len(df)} points did not reach the target interval (noisy: other load on the "
+        for line in comment(
+            f"warning: {noisy} of {len(df)} points did not reach the target interval (noisy: other load on the "
             "machine, or too little time: raise --max-time, or loosen --target-ci)"
-        )
+        ):
+            print(line)
+
+
+def print_resume(run_dir: Any, done: int, left: int) -> None:
+    """A resumed run says what it keeps and what it still measures."""
+    print(f"# resuming {run_dir}: {done} point(s) already measured, {left} left")
 
 
 def print_crossover(cross: list[dict[str, Any]]) -> None:
     if not cross:
         return
-    print("#\n# crossover: smallest fp32 tensor size from which a precision is significantly faster than fp32 (total time)")
+    print("#")
+    for line in comment(
+        "crossover: smallest fp32 tensor size from which a precision is significantly faster than fp32 (total "
+        "time); speed-up at the largest size with its 95 % interval"
+    ):
+        print(line)
     for row in cross:
         where = format_size(int(row["crossover_bytes"])) if row["note"] == "" else row["note"]
         g, lo, hi = (float(row.get(k, math.nan)) for k in ("gain_at_largest", "gain_at_largest_ci_low", "gain_at_largest_ci_high"))
         at_max = ""
         if not math.isnan(g):
-            at_max = f"  ({g:.2f}x at the largest size" + (f", 95 % CI {lo:.2f}-{hi:.2f})" if not math.isnan(lo) else ")")
-        print(f"#   {row['collective']:<15} {row['precision']:<20} {where}{at_max}")
+            at_max = f"{g:.2f}x" + (f" [{lo:.2f}-{hi:.2f}]" if not math.isnan(lo) else "")
+        print(f"#   {row['collective']:<15} {row['precision']:<16} {where:<16} {at_max}")
+
+
+def report_progress(what: str) -> None:
+    """One line per step of writing the report (figures take seconds each): the run is not stuck."""
+    print(f"# report: {what}", flush=True)
+
+
+def _ms(us: float) -> str:
+    return "n/a" if math.isnan(us) else f"{us / 1e3:.1f}"
+
+
+def _mib(b: float) -> str:
+    return "n/a" if math.isnan(b) else f"{b / 2**20:.1f} MiB"
 
 
 def training_line(row: Mapping[str, Any]) -> str:
-    """One policy's summary: step time, bytes per step, loss drift and its warnings."""
-    def num(key: str, missing: float) -> float:
-        v = row.get(key)
-        return missing if v is None or is_missing(v) else float(v)
+    """One policy's summary in <= 100 columns: step time in ms with its 95 % interval, the speed-up over fp32
+    (* significant, ~ not), peak memory and bytes per step in MiB, loss drift; then its warnings, and its notes
+    when it is significantly slower than fp32 (a reason of this machine, such as CPU autocast)."""
 
-    return (
-        f"# training {row.get('policy'):<24} step p50 {num('step_time_us_p50', math.nan) / 1e3:8.2f} ms"
-        f"  comm/step {num('comm_bytes_per_step', 0.0):>12,.0f} B  final-loss drift {num('final_loss_drift', math.nan):.3g}"
-        + (f"  WARN {row['warnings']}" if row.get("warnings") else "")
-    )
+    def num(key: str) -> float:
+        v = row.get(key)
+        return math.nan if v is None or is_missing(v) else float(v)
+
+    t, lo, hi = num("step_time_us_p50"), num("step_time_us_ci_low"), num("step_time_us_ci_high")
+    ci = f" [{_ms(lo)}-{_ms(hi)}]" if not (math.isnan(lo) or math.isnan(hi)) else ""
+    s, sig = num("speedup_vs_fp32"), row.get("speedup_significant")
+    mark = "*" if sig is True else ("~" if sig is False else "")
+    speed = "" if math.isnan(s) else f"  {s:.2f}x{mark}"
+    drift = num("final_loss_drift")
+    lines = [
+        f"# training {str(row.get('policy')):<14} step {_ms(t):>6} ms{ci}{speed}  mem {_mib(num('peak_mem_bytes'))}"
+        f"  comm {_mib(num('comm_bytes_per_step'))}/step  drift {drift:.2g}"
+    ]
+    if row.get("warnings"):
+        lines += comment(f"WARN {row['warnings']}", indent="  ")
+    if sig is True and s < 1 and row.get("notes"):
+        lines += comment(f"slower here: {row['notes']}", indent="  ")
+    return "\n".join(lines)

@@ -132,12 +132,20 @@ class FigureRegistry(Mapping[str, FigureSpec[S]]):
         return len(self._specs)
 
     def write(
-        self, subject: S, out_dir: Path, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 110
+        self,
+        subject: S,
+        out_dir: Path,
+        formats: tuple[str, ...] = ("png", "svg"),
+        dpi: int = 110,
+        progress: Callable[[str], None] | None = None,
     ) -> dict[str, dict[str, Path]]:
-        """Draw every figure the subject has data for into out_dir; returns {name: {format: path}}."""
+        """Draw every figure the subject has data for into out_dir; returns {name: {format: path}}.
+        `progress` is told each figure's name before it is drawn."""
         out_dir.mkdir(parents=True, exist_ok=True)
         written: dict[str, dict[str, Path]] = {}
-        for name, spec in self._specs.items():
+        for i, (name, spec) in enumerate(self._specs.items(), 1):
+            if progress is not None:
+                progress(f"figure {i}/{len(self._specs)}: {name}")
             fig = spec.build(subject)
             if fig is not None:
                 written[name] = save_figure(fig, out_dir, name, formats, dpi)
@@ -643,8 +651,9 @@ def fig_training_curves(run: RunData) -> Figure | None:
             if pol == ref:
                 ax.plot(g["step"], d, label=no_math(f"{pol} (reference)"), color="black", linewidth=2.2, zorder=1)
             else:
-                ax.plot(g["step"], d, label=no_math(pol), marker=MARKERS[i % len(MARKERS)], markersize=5,
-                        markerfacecolor="none", zorder=2 + i)  # fmt: skip
+                # later policies thinner and on top: one that coincides with an earlier one leaves it visible
+                ax.plot(g["step"], d, label=no_math(pol), marker=MARKERS[i % len(MARKERS)], markersize=7 - 0.4 * (i % 6),
+                        markerfacecolor="none", linewidth=max(0.8, 3.0 - 0.4 * i), zorder=2 + i)  # fmt: skip
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
@@ -654,7 +663,11 @@ def fig_training_curves(run: RunData) -> Figure | None:
 
 
 def write_plots(
-    run: RunData, out_dir: Path, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 110
+    run: RunData,
+    out_dir: Path,
+    formats: tuple[str, ...] = ("png", "svg"),
+    dpi: int = 110,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, Path]]:
     """Draw every registered figure the run has data for into out_dir; returns {name: {format: path}}."""
-    return FIGURES.write(run, out_dir, formats, dpi)
+    return FIGURES.write(run, out_dir, formats, dpi, progress)

@@ -12,7 +12,7 @@ import base64
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -993,7 +993,9 @@ def render_markdown(
     return "\n".join(out) + "\n"
 
 
-def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
+def write_report(
+    run_dir: Path, out_dir: Path | None = None, progress: Callable[[str], None] | None = None
+) -> dict[str, Path]:
     """Write report.html, report.md and plots/*.png|svg for a run into out_dir (default: run_dir).
 
     Returns {"html": ..., "md": ..., "<figure>.png": ..., "<figure>.svg": ...}.
@@ -1002,7 +1004,9 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     run = load_run(Path(run_dir))
     out = Path(out_dir) if out_dir is not None else Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = plots.write_plots(run, out / "plots")
+    written = plots.write_plots(run, out / "plots", progress=progress)
+    if progress is not None:
+        progress("tables and findings")
     figures = [(name, plots.FIGURES[name].caption, paths["png"], paths.get("svg")) for name, paths in written.items()]
     tables = build_tables(run)
     # the answer first (findings, figures, tables), how it was measured last
