@@ -30,7 +30,9 @@ __all__ = [
 def comment(text: str, width: int | None = None, indent: str = "") -> list[str]:
     """`text` as '# ' lines that fit the terminal (a long sentence wraps instead of running off the edge)."""
     w = max(40, (width or terminal_width()) - 1)
-    return textwrap.wrap(text, w, initial_indent="# " + indent, subsequent_indent="# " + indent + "  ") or ["#"]
+    return textwrap.wrap(
+        text, w, initial_indent="# " + indent, subsequent_indent="# " + indent + "  ", break_on_hyphens=False
+    ) or ["#"]
 
 class SweepProgress:
     """A transient rich progress bar on stderr, or nothing when quiet (or nothing to do)."""
@@ -143,7 +145,9 @@ def _ms(us: float) -> str:
 
 
 def _mib(b: float) -> str:
-    return "n/a" if math.isnan(b) else f"{b / 2**20:.1f} MiB"
+    from commbench.rundata import human_bytes
+
+    return "n/a" if math.isnan(b) else human_bytes(b)
 
 
 def training_line(row: Mapping[str, Any]) -> str:
@@ -159,11 +163,12 @@ def training_line(row: Mapping[str, Any]) -> str:
     ci = f" [{_ms(lo)}-{_ms(hi)}]" if not (math.isnan(lo) or math.isnan(hi)) else ""
     s, sig = num("speedup_vs_fp32"), row.get("speedup_significant")
     mark = "*" if sig is True else ("~" if sig is False else "")
-    speed = "" if math.isnan(s) else f"  {s:.2f}x{mark}"
+    speed = "" if math.isnan(s) else f" {s:.2f}x{mark}"
     drift = num("final_loss_drift")
+    # header once per run is the orchestrator's: "step time [95 % CI], speed-up vs fp32, peak memory, bytes/step"
     lines = [
-        f"# training {str(row.get('policy')):<14} step {_ms(t):>6} ms{ci}{speed}  mem {_mib(num('peak_mem_bytes'))}"
-        f"  comm {_mib(num('comm_bytes_per_step'))}/step  drift {drift:.2g}"
+        f"# training {str(row.get('policy')):<12} {_ms(t):>6} ms{ci}{speed} mem {_mib(num('peak_mem_bytes'))}"
+        f" comm {_mib(num('comm_bytes_per_step'))}/step drift {drift:.2g}"
     ]
     if row.get("warnings"):
         lines += comment(f"WARN {row['warnings']}", indent="  ")

@@ -170,7 +170,8 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = Fals
     if lead:
         if done[0]:
             print(f"# resuming training: {len(done[0])} policies already measured, {left} left")
-        print(f"# training: {left} policies, {suite.training.steps} steps each")
+        print(f"# training: {left} policies, {suite.training.steps} steps each; per policy: median step time [95 % CI],")
+        print("#   speed-up vs fp32 (* significant, ~ not), peak memory per rank, bytes per step per rank, loss drift")
     progress = console.SweepProgress(left, enabled=lead and not quiet, label="training")
 
     def on_done(summary: list[Any], steps: list[Any]) -> None:
