@@ -141,7 +141,8 @@ def report_progress(what: str) -> None:
 
 
 def _ms(us: float) -> str:
-    return "n/a" if math.isnan(us) else f"{us / 1e3:.1f}"
+    ms = us / 1e3
+    return "n/a" if math.isnan(us) else f"{ms:.1f}" if abs(ms) < 100 else f"{ms:.0f}"
 
 
 def _mib(b: float) -> str:
