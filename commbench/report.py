@@ -519,9 +519,10 @@ def slower_cause(df: pd.DataFrame, coll: str, payload: Any, prec: str) -> str:
             f"(fp32 through it: {interval(r.get('algo_gain'), r.get('algo_gain_ci_low'), r.get('algo_gain_ci_high'))})"
         )
     if comm_speedup < 1.0 and not parts:
+        alone = "" if enc == 0 else " without encode/decode"  # a native dtype has none to mention
         parts.append(
-            f"the collective itself is slower with this data type ({_r(comm_speedup)}× fp32's speed without "
-            "encode/decode): the backend's kernels for it cost more than the bytes saved"
+            f"the collective itself is slower with this data type ({_r(comm_speedup)}× fp32's speed{alone}): "
+            "the backend's kernels for it cost more than the bytes saved"
         )
     if enc > 0 and total > 0 and (comm_speedup >= 1.0 or parts):
         share = enc / total
