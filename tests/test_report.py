@@ -312,7 +312,7 @@ def test_findings_state_only_significant_results(tmp_path: Path) -> None:
         "not pay on this link." in findings
     )
     # bf16 all_reduce: fp32 is significantly faster at the largest size: said, with its interval
-    assert f"bf16 does not pay for all_reduce in the measured range (1 KiB – 4 MiB)" in findings
+    assert "bf16 does not pay for all_reduce in the measured range (1 KiB – 4 MiB)" in findings
     assert f"(speed-up {ci(1 / 1.5)})" in findings
     # the algorithm / precision split of fp8 all_reduce at the largest size
     pg = gains[big] / 0.5
