@@ -636,7 +636,11 @@ def _sweep_findings(run: RunData) -> list[str]:
             g = interval(r.get("gain_at_largest"), r.get("gain_at_largest_ci_low"), r.get("gain_at_largest_ci_high"))
             b = _f(r.get("crossover_bytes"))
             if not math.isnan(b):
-                text = f"{prec} {coll} is faster than fp32 from {human_bytes(b)}: {g} at {human_bytes(largest)}"
+                text = (
+                    f"{prec} {coll} is faster than fp32 from {human_bytes(b)}: {g} at {human_bytes(largest)}"
+                    if b < largest
+                    else f"{prec} {coll} is faster than fp32 at {human_bytes(b)}, the largest size measured: {g}"
+                )
                 if b > smallest:
                     text += f"; below {human_bytes(b)} it does not pay on this link"
                 wins.append((_f(r.get("gain_at_largest")), text + "."))
