@@ -5,23 +5,33 @@ Public API: load a run directory into pandas (:func:`load`, :func:`load_metadata
 :func:`plan` a training configuration).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from commbench.config import format_size, parse_size
-from commbench.results import (
-    RunDirError,
-    load,
-    load_crossover,
-    load_metadata,
-    load_training,
-    load_training_steps,
-)
+
+if TYPE_CHECKING:
+    from commbench.results import (
+        RunDirError,
+        load,
+        load_crossover,
+        load_metadata,
+        load_training,
+        load_training_steps,
+    )
+
+_FROM_RESULTS = ("RunDirError", "load", "load_crossover", "load_metadata", "load_training", "load_training_steps")
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
-    # Lazy: `fit` and `plan` pull in numpy fitting and torch (the strategy formulas); `import commbench` for the
-    # views stays light. `commbench.plan` is the plan module made callable (see commbench/plan.py), so it is the
-    # function's stand-in whether or not the submodule was imported first.
+def __getattr__(name: str) -> Any:
+    # Lazy: the loaders pull in pandas (so `python -m commbench --help` does not pay for them); `fit` and `plan`
+    # pull in numpy fitting and torch (the strategy formulas). `commbench.plan` is the plan module made callable
+    # (see commbench/plan.py), so it is the function's stand-in whether or not the submodule was imported first.
+    if name in _FROM_RESULTS:
+        from commbench import results
+
+        return getattr(results, name)
     if name == "fit":
         from commbench.costmodel import fit
 
@@ -46,3 +56,4 @@ __all__ = [
     "parse_size",
     "plan",
 ]
+

@@ -1,7 +1,18 @@
 """``python -m commbench``: the only place that turns errors into exit codes."""
 
+import sys
+
 from commbench.cli import main
-from commbench.launch import exit_process
+
+
+def _exit(code: int) -> None:
+    # launch (and torch with it) is imported only by commands that use it: `--help` and `list` stay instant.
+    # A process that never imported it never joined a world, so a plain exit is the right one.
+    launch = sys.modules.get("commbench.launch")
+    if launch is None:
+        sys.exit(code)
+    launch.exit_process(code)
+
 
 if __name__ == "__main__":
-    exit_process(main())
+    _exit(main())

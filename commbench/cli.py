@@ -12,7 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from commbench import __version__
-from commbench.config import BACKENDS, PAYLOADS, SuiteConfig, load_suite, parse_size, suite_from_dict
+from commbench.config import (
+    BACKENDS,
+    PAYLOADS,
+    SIZE_HELP,
+    SuiteConfig,
+    TimingConfig,
+    format_size,
+    load_suite,
+    parse_size,
+    resolve_suite_path,
+    suite_from_dict,
+)
 
 DEFAULT_SUITE = "quick"
 
@@ -60,38 +71,75 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _suite_defaults() -> dict[str, str]:
+    """What the default suite sets, as the help shows it: read from its TOML file (no import of the training
+    section, so `--help` stays instant), timing keys it leaves out from TimingConfig's defaults."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(resolve_suite_path(DEFAULT_SUITE).read_text())
+    except (OSError, ValueError):
+        data = {}
+    timing = {f: getattr(TimingConfig(), f) for f in TimingConfig.__slots__}  # type: ignore[attr-defined]
+    timing.update(data.get("timing") or {})
+    def show(v: Any) -> str:
+        return ",".join(map(str, v)) if isinstance(v, list) else ("yes" if v else "no") if isinstance(v, bool) else str(v)
+
+    out = {k: show(v) for k, v in data.items() if not isinstance(v, dict)}
+    for k in ("min_bytes", "max_bytes"):
+        if k in out:
+            out[k] = format_size(parse_size(out[k]))
+    out.update({f"timing.{k}": f"{v:g}" if isinstance(v, float) else str(v) for k, v in timing.items()})
+    out["training"] = "yes" if "training" in data else "no"
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="commbench", description="Communication-precision benchmarks for distributed PyTorch.")
+    q = _suite_defaults()
+
+    def dflt(key: str) -> str:
+        """'(default: the suite's; quick: 1K)': a flag left out keeps the suite's value."""
+        return f"(default: the suite's value; {DEFAULT_SUITE}: {q.get(key, 'unset')})"
+
     p.add_argument("--version", action="version", version=f"commbench {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
-    r = sub.add_parser("run", help="run a suite (default: the quick suite on a local group)")
-    r.add_argument("suite", nargs="?", help=f"suite name or TOML file (default: {DEFAULT_SUITE})")
-    r.add_argument("--collectives", type=_csv_list, help="comma-separated collectives (see `commbench list`)")
+    r = sub.add_parser(
+        "run",
+        help="run a suite (default: the quick suite on a local group)",
+        description=f"Run a suite. Sizes: {SIZE_HELP}. A flag left out keeps the suite's value; the defaults "
+        f"shown are the {DEFAULT_SUITE} suite's.",
+    )
+    r.add_argument("suite", nargs="?", help=f"suite name or TOML file (default: {DEFAULT_SUITE}; see `commbench list`)")
+    r.add_argument("--collectives", type=_csv_list, help=f"comma-separated collectives {dflt('collectives')}")
     r.add_argument(
         "--groups", type=_csv_list,
-        help="comma-separated communicator groups: world (default), intra (one per node), inter (one per local rank across nodes)",
+        help="comma-separated communicator groups: world, intra (one per node), inter (one per local rank "
+        f"across nodes) {dflt('groups')}",
     )  # fmt: skip
-    r.add_argument("--precisions", type=_csv_list, help="comma-separated precisions, e.g. fp32,bf16,fp8_e4m3:block128")
-    r.add_argument("-b", "--minbytes", type=_size, help="smallest fp32 tensor size (8, 64K, 1M, 4G; 1024-based)")
-    r.add_argument("-e", "--maxbytes", type=_size, help="largest fp32 tensor size")
-    r.add_argument("-f", "--stepfactor", type=_positive_int, help="multiplicative size step (>= 2)")
+    r.add_argument("--precisions", type=_csv_list, help=f"comma-separated precisions, e.g. fp32,bf16,fp8_e4m3:block128 {dflt('precisions')}")
+    r.add_argument("-b", "--minbytes", type=_size, help=f"smallest fp32 tensor size, e.g. 8, 64K, 1MB {dflt('min_bytes')}")
+    r.add_argument("-e", "--maxbytes", type=_size, help=f"largest fp32 tensor size {dflt('max_bytes')}")
+    r.add_argument("-f", "--stepfactor", type=_positive_int, help=f"multiplicative size step (>= 2) {dflt('factor')}")
     r.add_argument("--nproc", type=int, help="local ranks to spawn when not under torchrun/Slurm/MPI (default: one per GPU if >= 2, else 2)")
-    r.add_argument("--backend", choices=BACKENDS, default="auto", help="process group backend (default auto: nccl when every rank has a GPU)")
-    r.add_argument("--out", type=Path, help="run directory (default results/<UTC time>-<host>-<backend>-n<world>)")
-    r.add_argument("--payload", choices=PAYLOADS, help="value distribution for the error measurement")
-    r.add_argument("--check", dest="check", action="store_true", default=None, help="count wrong elements (default)")
+    r.add_argument("--backend", choices=BACKENDS, default="auto", help="process group backend (default: auto = nccl when every rank has a GPU, else gloo)")
+    r.add_argument("--out", type=Path, help="run directory (default: results/<UTC time>-<host>-<backend>-n<world>)")
+    r.add_argument("--payload", choices=PAYLOADS, help=f"value distribution for the error measurement {dflt('payload')}")
+    r.add_argument("--check", dest="check", action="store_true", default=None, help=f"count wrong elements {dflt('check')}")
     r.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness pass")
-    r.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run, skipping finished points")
-    r.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a silent rank ends the run (default 60)")
-    r.add_argument("--warmup", type=_positive_int, help="untimed calls per phase before calibration")
-    r.add_argument("--min-time", type=_positive_float, help="minimum seconds per sample (calibrates k)")
-    r.add_argument("--repeats", type=_positive_int, help="minimum samples per point (6 reach a 95 %% interval)")
-    r.add_argument("--target-ci", type=_positive_float, help="target relative half-width of each point's 95 %% interval, e.g. 0.05")
-    r.add_argument("--max-time", type=_positive_float, help="seconds of sampling per size before a point is left noisy")
-    r.add_argument("--no-training", action="store_true", help="skip the suite's [training] section")
-    r.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report at the end")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run, skipping finished points (default: a new run)")
+    r.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a silent rank ends the run (default: 60)")
+    r.add_argument("--warmup", type=_positive_int, help=f"untimed calls per phase before calibration {dflt('timing.warmup')}")
+    r.add_argument("--min-time", type=_positive_float, help=f"minimum seconds per sample (calibrates k) {dflt('timing.min_time_s')}")
+    r.add_argument("--repeats", type=_positive_int, help=f"minimum samples per point (6 reach a 95 %% interval) {dflt('timing.repeats')}")
+    r.add_argument("--target-ci", type=_positive_float, help=f"target relative half-width of each point's 95 %% interval {dflt('timing.target_ci')}")
+    r.add_argument("--max-time", type=_positive_float, help=f"seconds of sampling per size before a point is left noisy {dflt('timing.budget_s')}")
+    r.add_argument("--no-training", action="store_true", help=f"skip the suite's [training] section (default: run it; {DEFAULT_SUITE} has one: {q.get('training', 'no')})")
+    r.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report at the end (default: write it)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar on a terminal's stderr)")
 
     sub.add_parser("list", help="list collectives, precisions and suites")
 
@@ -161,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commbench: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("commbench: interrupted", file=sys.stderr)
+        # a spawned rank stays silent: its launcher prints the one line, with the command that resumes
+        if not os.environ.get("COMMBENCH_PARENT_PID"):
+            print("commbench: interrupted", file=sys.stderr)
         return 130
 
 
@@ -275,6 +325,9 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed, not our re-exec
     try:
         spawn_local(child_argv + ["--no-report"], nproc, timeout_s=args.timeout, log_dir=out / LOGS_DIR)
+    except KeyboardInterrupt:
+        print(f"\ncommbench: interrupted; {resume_hint(args, out)}", file=sys.stderr)
+        return 130
     except RankFailure as e:
         print(f"commbench: error: {e}", file=sys.stderr)
         for line in e.ranks:
@@ -294,6 +347,25 @@ def _local_device(backend: str) -> Any:
     import torch
 
     return torch.device("cuda", 0)
+
+
+def resume_hint(args: argparse.Namespace, out: Path) -> str:
+    """The exact command that continues this run (finished points are on disk), or why there is nothing to
+    continue. Flags that must match the interrupted world (ranks, backend) are repeated."""
+    import shlex
+
+    if not (out / "metadata.json").exists():
+        return "nothing was measured yet"
+    cmd = ["python", "-m", "commbench", "run", "--resume", str(out)]
+    if args.nproc is not None:
+        cmd += ["--nproc", str(args.nproc)]
+    if args.backend != "auto":
+        cmd += ["--backend", args.backend]
+    if args.timeout != 60.0:
+        cmd += ["--timeout", f"{args.timeout:g}"]
+    cmd += [flag for flag, on in (("--no-training", args.no_training), ("--no-report", args.no_report),
+                                  ("--quiet", args.quiet)) if on]  # fmt: skip
+    return "finished points are kept; continue with: " + " ".join(shlex.quote(c) for c in cmd)
 
 
 def cmd_list(args: argparse.Namespace, argv: list[str]) -> int:

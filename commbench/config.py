@@ -21,14 +21,17 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli 
 if TYPE_CHECKING:
     from commbench.training.config import TrainingConfig
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(i?B)?\s*$", re.IGNORECASE)
+# nccl-tests' K/M/G are 1024-based; KB and KiB are accepted as other spellings of the same unit (never 1000),
+# so `-b 1MB` means what a nccl-tests user means by `-b 1M`.
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(?:([KMG])(?:i?B)?|B)?\s*$", re.IGNORECASE)
+SIZE_HELP = "bytes, or K/KB/KiB, M/MB/MiB, G/GB/GiB: all 1024-based like nccl-tests' K/M/G (1M = 1MB = 1MiB = 1048576)"
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 PAYLOADS = ("normal", "gradient", "outliers")
 BACKENDS = ("auto", "gloo", "nccl")
 
 
 def parse_size(text: str | int) -> int:
-    """Parse ``8``, ``64K``, ``1M``, ``4G`` (binary units, as nccl-tests) into bytes (> 0)."""
+    """Parse ``8``, ``8B``, ``64K``, ``1MB``, ``4GiB`` into bytes (> 0): every unit is 1024-based, as nccl-tests."""
     if isinstance(text, bool):
         raise ValueError(f"malformed size {text!r}: expected bytes like 8, 64K, 1M, 4G")
     if isinstance(text, int):
@@ -37,8 +40,8 @@ def parse_size(text: str | int) -> int:
         return text
     m = _SIZE_RE.match(str(text))
     if not m:
-        raise ValueError(f"malformed size {text!r}: expected a positive integer with optional K, M or G (1024-based), e.g. 8, 64K, 1M, 4G")
-    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
+        raise ValueError(f"malformed size {text!r}: expected {SIZE_HELP}, e.g. 8, 64K, 1MB, 4GiB")
+    value = int(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
     if value <= 0:
         raise ValueError(f"size must be positive, got {text!r}")
     return value

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -14,14 +15,30 @@ from commbench.records import is_missing
 from commbench.table import LEGEND, block_title, columns_for, format_row, header_lines, terminal_width
 
 __all__ = [
-    "PointPrinter", "SweepProgress", "print_crossover", "print_noise_warning", "print_skipped", "print_stragglers",
+    "PointPrinter",
+    "SweepProgress",
+    "comment",
+    "print_crossover",
+    "print_noise_warning",
+    "print_resume",
+    "print_skipped",
+    "print_stragglers",
+    "report_progress",
     "training_line",
-]  # fmt: skip
+]
+
+
+def comment(text: str, width: int | None = None, indent: str = "") -> list[str]:
+    """`text` as '# ' lines that fit the terminal (a long sentence wraps instead of running off the edge)."""
+    w = max(40, (width or terminal_width()) - 1)
+    return textwrap.wrap(
+        text, w, initial_indent="# " + indent, subsequent_indent="# " + indent + "  ", break_on_hyphens=False
+    ) or ["#"]
 
 class SweepProgress:
     """A transient rich progress bar on stderr, or nothing when quiet (or nothing to do)."""
 
-    def __init__(self, total: int, *, enabled: bool) -> None:
+    def __init__(self, total: int, *, enabled: bool, label: str = "sweep") -> None:
         self._progress: Any = None
         self._task: Any = None
         if not enabled or total == 0:
@@ -41,7 +58,7 @@ class SweepProgress:
             console=Console(stderr=True), transient=True,
         )  # fmt: skip
         self._progress.start()
-        self._task = self._progress.add_task("sweep", total=total)
+        self._task = self._progress.add_task(label, total=total)
 
     def advance(self, description: str, n: int = 1) -> None:
         if self._progress is not None:
@@ -58,18 +75,21 @@ class PointPrinter:
 
     def __init__(self, width: int | None = None) -> None:
         self._block: str | None = None
-        self._cols = columns_for(width or terminal_width())
+        self._width = width or terminal_width()
+        self._cols = columns_for(self._width)
         self._legend = False
 
     def row(self, row: Any, redop: str) -> None:
         if not self._legend:
             self._legend = True
-            print(LEGEND)
+            for line in comment(LEGEND.removeprefix("# "), self._width):
+                print(line)
         block = f"{row['collective']}|{row.get('group', 'world')}"
         if block != self._block:
             self._block = block
             print("#")
-            print(block_title(row))
+            for line in comment(block_title(row).removeprefix("# "), self._width):
+                print(line)
             for line in header_lines(self._cols):
                 print(line)
         print(format_row({**row, "redop": redop}, self._cols))
@@ -89,38 +109,79 @@ def print_noise_warning(df: Any) -> None:
         return
     noisy = int(df["noisy"].fillna(False).astype(bool).sum())
     if noisy:
-        print(
-            f"# warning: {noisy} of {len(df)} points did not reach the target interval (noisy: other load on the "
+        for line in comment(
+            f"warning: {noisy} of {len(df)} points did not reach the target interval (noisy: other load on the "
             "machine, or too little time: raise --max-time, or loosen --target-ci)"
-        )
+        ):
+            print(line)
+
+
+def print_resume(run_dir: Any, done: int, left: int) -> None:
+    """A resumed run says what it keeps and what it still measures."""
+    print(f"# resuming {run_dir}: {done} point(s) already measured, {left} left")
 
 
 def print_crossover(cross: list[dict[str, Any]]) -> None:
     if not cross:
         return
-    print("#\n# crossover: smallest fp32 tensor size from which a precision is significantly faster than fp32 (total time)")
+    print("#")
+    for line in comment(
+        "crossover: smallest fp32 tensor size from which a precision is significantly faster than fp32 (total "
+        "time); speed-up at the largest size with its 95 % interval"
+    ):
+        print(line)
     for row in cross:
         where = format_size(int(row["crossover_bytes"])) if row["note"] == "" else row["note"]
         g, lo, hi = (float(row.get(k, math.nan)) for k in ("gain_at_largest", "gain_at_largest_ci_low", "gain_at_largest_ci_high"))
         at_max = ""
         if not math.isnan(g):
-            at_max = f"  ({g:.2f}x at the largest size" + (f", 95 % CI {lo:.2f}-{hi:.2f})" if not math.isnan(lo) else ")")
+            at_max = f"{g:.2f}x" + (f" [{lo:.2f}-{hi:.2f}]" if not math.isnan(lo) else "")
         group = row.get("group", "world")
         name = row["collective"] if group in (None, "world") else f"{row['collective']} [{group}]"
-        print(f"#   {name:<15} {row['precision']:<20} {where}{at_max}")
+        print(f"#   {name:<15} {row['precision']:<16} {where:<16} {at_max}")
+
+
+def report_progress(what: str) -> None:
+    """One line per step of writing the report (figures take seconds each): the run is not stuck."""
+    print(f"# report: {what}", flush=True)
+
+
+def _ms(us: float) -> str:
+    ms = us / 1e3
+    return "n/a" if math.isnan(us) else f"{ms:.1f}" if abs(ms) < 100 else f"{ms:.0f}"
+
+
+def _mib(b: float) -> str:
+    from commbench.rundata import human_bytes
+
+    return "n/a" if math.isnan(b) else human_bytes(b)
 
 
 def training_line(row: Mapping[str, Any]) -> str:
-    """One policy's summary: step time, bytes per step, loss drift and its warnings."""
-    def num(key: str, missing: float) -> float:
-        v = row.get(key)
-        return missing if v is None or is_missing(v) else float(v)
+    """One policy's summary in <= 100 columns: step time in ms with its 95 % interval, the speed-up over fp32
+    (* significant, ~ not), peak memory and bytes per step in MiB, loss drift; then its warnings, and its notes
+    when it is significantly slower than fp32 (a reason of this machine, such as CPU autocast)."""
 
-    return (
-        f"# training {row.get('policy'):<24} step p50 {num('step_time_us_p50', math.nan) / 1e3:8.2f} ms"
-        f"  comm/step {num('comm_bytes_per_step', 0.0):>12,.0f} B  final-loss drift {num('final_loss_drift', math.nan):.3g}"
-        + (f"  WARN {row['warnings']}" if row.get("warnings") else "")
-    )
+    def num(key: str) -> float:
+        v = row.get(key)
+        return math.nan if v is None or is_missing(v) else float(v)
+
+    t, lo, hi = num("step_time_us_p50"), num("step_time_us_ci_low"), num("step_time_us_ci_high")
+    ci = f" [{_ms(lo)}-{_ms(hi)}]" if not (math.isnan(lo) or math.isnan(hi)) else ""
+    s, sig = num("speedup_vs_fp32"), row.get("speedup_significant")
+    mark = "*" if sig is True else ("~" if sig is False else "")
+    speed = "" if math.isnan(s) else f" {s:.2f}x{mark}"
+    drift = num("final_loss_drift")
+    # header once per run is the orchestrator's: "step time [95 % CI], speed-up vs fp32, peak memory, bytes/step"
+    lines = [
+        f"# training {str(row.get('policy')):<12} {_ms(t):>6} ms{ci}{speed} mem {_mib(num('peak_mem_bytes'))}"
+        f" comm {_mib(num('comm_bytes_per_step'))}/step drift {drift:.2g}"
+    ]
+    if row.get("warnings"):
+        lines += comment(f"WARN {row['warnings']}", indent="  ")
+    if sig is True and s < 1 and row.get("notes"):
+        lines += comment(f"slower here: {row['notes']}", indent="  ")
+    return "\n".join(lines)
 
 
 def print_stragglers(found: list[dict[str, Any]]) -> None:
@@ -128,4 +189,5 @@ def print_stragglers(found: list[dict[str, Any]]) -> None:
     from commbench.stragglers import describe
 
     for s in found:
-        print(f"# straggler: {describe(s)}")
+        for line in comment(f"straggler: {describe(s)}"):
+            print(line)

@@ -86,7 +86,8 @@ def report_after_run(out: Path) -> None:
     except ImportError:
         return
     try:
-        paths = write_report(out)
+        console.report_progress("writing figures and tables (a few seconds per figure)")
+        paths = write_report(out, progress=console.report_progress)
         print(f"# report: {paths.get('html', out / 'report.html')}")
     except Exception as e:  # the measurements are safe on disk; a report failure must not hide that
         print(
@@ -165,7 +166,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             return 2
         _run_sweep(suite, d, writer, quiet=args.quiet)
         if suite.training is not None:
-            _run_training(suite, d, writer)
+            _run_training(suite, d, writer, quiet=args.quiet)
         if writer is not None:
             meta = json.loads((writer.dir / "metadata.json").read_text())
             meta["end_time"] = _now()
@@ -213,6 +214,8 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
     lead = d.rank == 0
     if lead:
         console.print_skipped(sweep.skipped(), d.backend, sweep.skipped_groups())
+        if done:
+            console.print_resume(writer.dir if writer is not None else "", len(done), count_points(todo))
     progress = console.SweepProgress(count_points(todo), enabled=lead and not quiet)
     printer = console.PointPrinter()
     try:
@@ -241,7 +244,7 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
         console.print_stragglers(stragglers(pd.DataFrame(writer.rows["ranks"])))
 
 
-def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
+def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = False) -> None:
     import torch.distributed as dist
 
     from commbench.training import run_training
@@ -251,11 +254,25 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any) -> None:
     done: list[Any] = [sorted(writer.done_policies()) if writer is not None else None]
     dist.broadcast_object_list(done, src=0)
 
+    policies = list(getattr(suite.training, "policies", None) or [])
+    left = len([p for p in policies if p not in set(done[0])])
+    lead = d.rank == 0
+    if lead:
+        if done[0]:
+            print(f"# resuming training: {len(done[0])} policies already measured, {left} left")
+        print(f"# training: {left} policies, {suite.training.steps} steps each; per policy: median step time [95 % CI],")
+        print("#   speed-up vs fp32 (* significant, ~ not), peak memory per rank, bytes per step per rank, loss drift")
+    progress = console.SweepProgress(left, enabled=lead and not quiet, label="training")
+
     def on_done(summary: list[Any], steps: list[Any]) -> None:
         if writer is not None:
             writer.add(summary)
             writer.add(steps)
             for row in summary:
                 print(console.training_line(row.as_dict()))
+            progress.advance(f"training {summary[0].policy}" if summary else "training")
 
-    run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
+    try:
+        run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
+    finally:
+        progress.stop()

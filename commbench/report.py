@@ -9,11 +9,10 @@ autoescape, Markdown through `md_escape`. The report reads run directories only.
 from __future__ import annotations
 
 import base64
-import html
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,12 @@ from commbench.rundata import (
     FP32_PRECISION,
     RunData,
     as_tuple,
-    human_size,
+    has_values,
+    human_bytes,
+    human_rate,
+    human_time,
     load_run,
+    memory_kind_text,
     order,
     primary_payload,
     series_columns,
@@ -38,12 +41,15 @@ from commbench.rundata import (
 __all__ = [
     "Table",
     "build_tables",
+    "findings",
     "fmt",
+    "interval",
     "md_escape",
     "md_table",
     "pitfalls",
     "render_html",
     "render_markdown",
+    "suite_text",
     "write_report",
 ]
 
@@ -97,6 +103,56 @@ def frame_table(key: str, title: str, df: pd.DataFrame, note: str = "") -> Table
     return Table(key, title, [str(c) for c in df.columns], [[fmt(v) for v in r] for r in df.itertuples(False)], note)
 
 
+def _f(v: Any) -> float:
+    """A cell as a float (NaN for missing, None, '' or text)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return x
+
+
+def _r(v: float) -> str:
+    """A ratio to 2 decimals (3 significant digits below 0.1)."""
+    return f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.2g}"
+
+
+def interval(value: Any, low: Any = math.nan, high: Any = math.nan, unit: str = "×") -> str:
+    """'1.41× [1.30–1.52]': a ratio with its 95 % interval ('1.41×' alone when the run has no interval)."""
+    v, lo, hi = _f(value), _f(low), _f(high)
+    if math.isnan(v):
+        return ""
+    if math.isnan(lo) or math.isnan(hi):
+        return f"{_r(v)}{unit}"
+    return f"{_r(v)}{unit} [{_r(lo)}–{_r(hi)}]"
+
+
+def verdict(low: Any, high: Any) -> str:
+    """What a speed-up's 95 % interval lets one say: 'faster', 'slower', 'no significant difference',
+    or '' when there is no interval (runs from before intervals, imports)."""
+    lo, hi = _f(low), _f(high)
+    if math.isnan(lo) or math.isnan(hi):
+        return ""
+    if lo > 1.0:
+        return "faster"
+    if hi < 1.0:
+        return "slower"
+    return "no significant difference"
+
+
+def _time_ci(value: Any, low: Any, high: Any) -> str:
+    """'14.7 ms [14.2–15.3]' (the interval in the centre's unit)."""
+    v, lo, hi = _f(value), _f(low), _f(high)
+    if math.isnan(v):
+        return ""
+    text = human_time(v)
+    if math.isnan(lo) or math.isnan(hi):
+        return text
+    num, unit = text.split(" ")
+    scale = {"µs": 1.0, "ms": 1e3, "s": 1e6}[unit]
+    return f"{num} {unit} [{lo / scale:.3g}–{hi / scale:.3g}]"
+
+
 # --------------------------------------------------------------------------- summary content
 
 
@@ -113,6 +169,46 @@ def _series_name(df: pd.DataFrame) -> pd.Series:
     return name
 
 
+def reference_precisions(run: RunData) -> set[str]:
+    """Precisions in the results that the suite did not ask for: the sweep's own references (fp32 through the
+    chunked algorithm, which splits a codec's gain into algorithm and precision). They explain gains; they are
+    not candidates a user would choose."""
+    suite = run.metadata.get("suite") or {}
+    asked = {str(p).split(":", 1)[0] for p in suite.get("precisions") or []} | {
+        str(p) for p in suite.get("precisions") or []
+    }
+    df = run.results
+    if not asked or df.empty or "precision" not in df.columns:
+        return set()
+    return {str(p) for p in df["precision"].dropna().unique()} - asked - {FP32_PRECISION}
+
+
+def _has_ci(df: pd.DataFrame) -> bool:
+    return has_values(df, "gain_ci_low") and has_values(df, "gain_ci_high")
+
+
+def _gains(df: pd.DataFrame) -> pd.DataFrame:
+    """Speed rows of the non-fp32 series with columns series, size (fp32 bytes), gain, lo, hi (total-time
+    speed-up over fp32 at the same size: the paired one when the run has it, else the effective-bandwidth
+    ratio, without interval)."""
+    d = speed_rows(df).copy()
+    if d.empty or "fp32_bytes" not in d.columns:
+        return pd.DataFrame(columns=["collective", "series", "precision", "size", "gain", "lo", "hi"])
+    d["series"] = _series_name(d)
+    d["size"] = _num(d, "fp32_bytes")
+    if has_values(d, "gain_vs_fp32"):
+        d["gain"], d["lo"], d["hi"] = _num(d, "gain_vs_fp32"), _num(d, "gain_ci_low"), _num(d, "gain_ci_high")
+    else:
+        eff = _num(d, "effective_gbps")
+        ref = d[d["precision"] == FP32_PRECISION].assign(_e=eff).groupby(["collective", "size"])["_e"].median()
+        d["gain"] = [e / ref.get((c, s), math.nan) for c, s, e in zip(d["collective"], d["size"], eff, strict=True)]
+        d["lo"] = d["hi"] = math.nan
+    if "wrong" in d.columns:  # a fast wrong answer is not a choice
+        d = d[~(_num(d, "wrong") > 0)]
+    d = d[d["precision"] != FP32_PRECISION].dropna(subset=["gain", "size"])
+    return d
+
+
 def peak_busbw_table(df: pd.DataFrame) -> Table | None:
     if df.empty or _num(df, "busbw_gbps").isna().all():
         return None
@@ -125,161 +221,257 @@ def peak_busbw_table(df: pd.DataFrame) -> Table | None:
     colls = order(best["collective"].unique(), COLLECTIVE_ORDER)
     series = order(best["series"].unique(), (FP32_PRECISION,))
     rows = []
-    for c in colls:
-        row = [c]
-        for s in series:
+    # one row per precision, one column per collective: a handful of columns fit any page width
+    for s in series:
+        row = [s]
+        for c in colls:
             hit = best[(best["collective"] == c) & (best["series"] == s)]
             row.append(
                 ""
                 if hit.empty
-                else f"{fmt(float(hit['busbw'].iloc[0]))} @ {human_size(float(hit['size_bytes'].iloc[0]))}"
+                else f"{human_rate(float(hit['busbw'].iloc[0]))} @ {human_bytes(float(hit['size_bytes'].iloc[0]))}"
             )
         rows.append(row)
     return Table(
         "peak-busbw",
-        "Peak bus bandwidth (GB/s @ size) per collective x precision",
-        ["collective", *series],
+        "Peak bus bandwidth (@ message size) per precision and collective",
+        ["precision", *colls],
         rows,
-        "Speed numbers use the " + (primary_payload(df) or "only") + " payload.",
+        "Sizes are bytes on the wire (nccl-tests size). Speed numbers use the "
+        + (primary_payload(df) or "only")
+        + " payload.",
     )
 
 
-def _ranges(points: list[tuple[float, str, float]]) -> list[tuple[float, float, str, float]]:
-    """Merge consecutive sizes that share a winner: [(lo, hi, winner, best gain vs fp32)]."""
-    out: list[tuple[float, float, str, float]] = []
+def _ranges(points: list[tuple[float, str, str]]) -> list[tuple[float, float, str, str]]:
+    """Merge consecutive sizes that share a verdict: [(lo, hi, verdict, speed-up text of the range's best)]."""
+    out: list[tuple[float, float, str, str]] = []
     for size, win, gain in points:
         if out and out[-1][2] == win:
             lo, _, w, g = out[-1]
-            out[-1] = (lo, size, w, max(g, gain))
+            out[-1] = (lo, size, w, g or gain)
         else:
             out.append((size, size, win, gain))
     return out
 
 
-def best_precision_table(df: pd.DataFrame) -> Table | None:
-    """Per collective, the fastest precision by fp32-equivalent effective bandwidth, over size ranges.
+NO_WINNER = "no significant difference"
+
+
+def best_precision_table(df: pd.DataFrame, refs: set[str] = frozenset()) -> Table | None:  # type: ignore[assignment]
+    """Per collective and size range, the precision significantly fastest end to end (total time, paired with
+    fp32), or 'no significant difference' / 'fp32' when no precision is significantly faster.
 
     Only points with no wrong elements compete: a fast wrong answer is not a choice.
     """
-    if df.empty or _num(df, "effective_gbps").isna().all():
+    g = _gains(df)
+    if g.empty:
         return None
-    d = speed_rows(df).copy()
-    d["series"] = _series_name(d)
-    d["eff"] = _num(d, "effective_gbps")
-    d = d.dropna(subset=["eff", "fp32_bytes"])
-    if "wrong" in d.columns:
-        d = d[~(_num(d, "wrong") > 0)]
+    g = g[~g["precision"].astype(str).isin(refs)]
+    ci = _has_ci(g)
     rows = []
-    for coll in order(d["collective"].unique(), COLLECTIVE_ORDER):
-        g = d[d["collective"] == coll].groupby(["fp32_bytes", "series"])["eff"].median().reset_index()
-        pts: list[tuple[float, str, float]] = []
-        for size, gs in g.groupby("fp32_bytes", sort=True):
-            top = gs.loc[gs["eff"].idxmax()]
-            ref = gs[gs["series"] == FP32_PRECISION]["eff"]
-            gain = float(top["eff"] / ref.iloc[0]) if len(ref) and ref.iloc[0] > 0 else math.nan
-            pts.append((float(size), str(top["series"]), gain))
+    for coll in order(g["collective"].unique(), COLLECTIVE_ORDER):
+        pts: list[tuple[float, str, str]] = []
+        for size, gs in g[g["collective"] == coll].groupby("size", sort=True):
+            if ci:
+                wins = gs[gs["lo"] > 1.0]
+                if not wins.empty:
+                    top = wins.loc[wins["gain"].idxmax()]
+                    pts.append((float(size), str(top["series"]), interval(top["gain"], top["lo"], top["hi"])))
+                elif (gs["hi"] < 1.0).all():
+                    pts.append((float(size), f"{FP32_PRECISION} (every other precision slower)", ""))
+                else:
+                    pts.append((float(size), NO_WINNER, ""))
+            else:
+                top = gs.loc[gs["gain"].idxmax()]
+                win = str(top["series"]) if top["gain"] > 1.0 else FP32_PRECISION
+                pts.append((float(size), win, interval(top["gain"]) if top["gain"] > 1.0 else ""))
         for lo, hi, win, gain in _ranges(pts):
-            span = human_size(lo) if lo == hi else f"{human_size(lo)} - {human_size(hi)}"
-            rows.append([coll, span, win, fmt(gain)])
+            span = human_bytes(lo) if lo == hi else f"{human_bytes(lo)} – {human_bytes(hi)}"
+            rows.append([coll, span, win, gain])
+    note = (
+        "Sizes are the user's tensor size in fp32. A precision wins only where its paired 95 % interval of the "
+        "speed-up over fp32 lies above 1; the speed-up shown is at the first size of the range. "
+        if ci
+        else "This run has no intervals: winners are not tested for significance. "
+    )
     return Table(
         "best-precision",
-        "Best precision per size range (fp32-equivalent effective bandwidth)",
-        ["collective", "fp32 size range", "fastest precision", "max speed-up vs fp32"],
+        "Best precision per size range (end to end, encode and decode included)",
+        ["collective", "fp32 size range", "fastest precision", "speed-up vs fp32 [95 % CI]"],
         rows,
-        "Sizes are the user's tensor size if fp32; points with wrong elements are excluded.",
+        note + "Points with wrong elements are excluded.",
     )
+
+
+def _crossover_phrase(note: str, size: float) -> str:
+    if not math.isnan(size):
+        return f"faster from {human_bytes(size)}"
+    if note == "never in range":
+        return "never: fp32 is faster at the largest size"
+    if note == "not significant":
+        return "never significant (no significant difference at the largest size)"
+    return note or "never in range"
 
 
 def crossover_table(run: RunData) -> Table | None:
     cx = run.crossover
     if cx.empty:
         return None
+    refs = reference_precisions(run)
+    payloads = cx["payload"].dropna().unique() if "payload" in cx.columns else []
+    with_payload = len(payloads) > 1
     rows = []
     for _, r in cx.iterrows():
-        b = pd.to_numeric(r.get("crossover_bytes"), errors="coerce")
-        size = f"{human_size(float(b))} ({int(b)} B)" if pd.notna(b) else "never in range"
-        rows.append(
-            [fmt(r.get("collective")), fmt(r.get("payload")), fmt(r.get("precision")), size, fmt(r.get("note"))]
+        prec = fmt(r.get("precision"))
+        if prec in refs:
+            prec += " (algorithm reference)"
+        row = [fmt(r.get("collective")), *([fmt(r.get("payload"))] if with_payload else []), prec]
+        row.append(_crossover_phrase(str(r.get("note") or ""), _f(r.get("crossover_bytes"))))
+        row.append(
+            interval(r.get("gain_at_largest"), r.get("gain_at_largest_ci_low"), r.get("gain_at_largest_ci_high"))
         )
+        rows.append(row)
     return Table(
         "crossover",
-        "Crossover sizes: from where a precision beats fp32 end to end",
-        ["collective", "payload", "precision", "crossover (fp32 bytes)", "note"],
+        "Crossover sizes: from where a precision is faster than fp32 end to end",
+        ["collective", *(["payload"] if with_payload else []), "precision", "crossover (fp32 tensor size)",
+         "speed-up at the largest size [95 % CI]"],
         rows,
-    )
+        "A crossover is the smallest size from which the precision is significantly faster (paired 95 % interval "
+        "above 1) at that and every larger size.",
+    )  # fmt: skip
 
 
-def gain_table(df: pd.DataFrame) -> Table | None:
-    """Performance gain of each precision over fp32 at the same point: effective bandwidth ratio
-    (end to end, encode+decode included) and comm-time ratio, at the largest size and at best."""
-    if df.empty or _num(df, "effective_gbps").isna().all():
+def gain_table(df: pd.DataFrame, refs: set[str] = frozenset()) -> Table | None:  # type: ignore[assignment]
+    """Each precision against fp32 at the same point: end-to-end speed-up (encode + decode included) with its
+    interval and verdict at the largest size, its split into algorithm and precision where the precision runs
+    through another algorithm than fp32, the comm-only speed-up, and the best significant speed-up."""
+    if df.empty or not (has_values(df, "gain_vs_fp32") or has_values(df, "effective_gbps")):
         return None
     d = df.copy()
     d["series"] = _series_name(d)
-    d["eff"] = _num(d, "effective_gbps")
     d["comm"] = _num(d, "comm_us").fillna(_num(d, "time_us"))
-    keys = ["collective", "payload", "fp32_bytes"] if "payload" in d.columns else ["collective", "fp32_bytes"]
-    agg = d.groupby([*keys, "series"])[["eff", "comm"]].median().reset_index()
-    ref = agg[agg["series"] == FP32_PRECISION].set_index(keys)[["eff", "comm"]]
+    d["size"] = _num(d, "fp32_bytes")
+    if has_values(d, "gain_vs_fp32"):
+        d["gain"], d["lo"], d["hi"] = _num(d, "gain_vs_fp32"), _num(d, "gain_ci_low"), _num(d, "gain_ci_high")
+    else:
+        d["gain"], d["lo"], d["hi"] = math.nan, math.nan, math.nan
+    keys = ["collective", "payload", "size"] if "payload" in d.columns else ["collective", "size"]
+    ref = d[d["precision"] == FP32_PRECISION].groupby(keys)[["comm", "effective_gbps"]].median()
     if ref.empty:
         return None
-    m = agg[agg["series"] != FP32_PRECISION].join(ref.add_suffix("_fp32"), on=keys).dropna(subset=["eff_fp32"])
-    m["gain"] = m["eff"] / m["eff_fp32"]
+    m = d[d["precision"] != FP32_PRECISION].join(ref.add_suffix("_fp32"), on=keys)
     m["comm_speedup"] = m["comm_fp32"] / m["comm"]
+    no_paired = m["gain"].isna()
+    m.loc[no_paired, "gain"] = _num(m, "effective_gbps")[no_paired] / m.loc[no_paired, "effective_gbps_fp32"]
+    m = m.dropna(subset=["gain"])
+    has_split = has_values(m, "algo_gain")
     err = d.groupby(["collective", "series"])["rel_err"].max() if "rel_err" in d.columns else None
-    rows = []
     group_keys = ["collective", "payload", "series"] if "payload" in m.columns else ["collective", "series"]
     corder = order(m["collective"].unique(), COLLECTIVE_ORDER)
     m = m.assign(_c=m["collective"].map(corder.index)).sort_values(["_c", *group_keys[1:]])
+    rows = []
     for k, g in m.groupby(group_keys, sort=False):
         k = as_tuple(k)
-        g = g.sort_values("fp32_bytes")
+        g = g.sort_values("size")
         last = g.iloc[-1]
-        best = g.loc[g["gain"].idxmax()]
+        sig = g[g["lo"] > 1.0]
+        if not sig.empty:
+            b = sig.loc[sig["gain"].idxmax()]
+            best = f"{interval(b['gain'], b['lo'], b['hi'])} @ {human_bytes(float(b['size']))}"
+        else:
+            best = "none significant" if _has_ci(g) else ""
+        labels = [fmt(x) for x in k]
+        if k[-1] in refs:
+            labels[-1] += " (algorithm reference)"
+        row = [*labels, interval(last["gain"], last["lo"], last["hi"]), verdict(last["lo"], last["hi"])]
+        if has_split:
+            row.append(
+                f"{interval(last['algo_gain'], last.get('algo_gain_ci_low'), last.get('algo_gain_ci_high'))} × "
+                f"{interval(last['precision_gain'], last.get('precision_gain_ci_low'), last.get('precision_gain_ci_high'))}"
+                if pd.notna(last.get("algo_gain"))
+                else ""
+            )
         e = err.get((k[0], k[-1]), math.nan) if err is not None else math.nan
-        rows.append(
-            [
-                *[fmt(x) for x in k],
-                fmt(float(last["gain"])),
-                fmt(float(last["comm_speedup"])),
-                f"{fmt(float(best['gain']))} @ {human_size(float(best['fp32_bytes']))}",
-                fmt(e),
-            ]
-        )
+        row += [interval(last["comm_speedup"]), best, fmt(e)]
+        rows.append(row)
     cols = ["collective", "payload", "precision"] if "payload" in m.columns else ["collective", "precision"]
     return Table(
         "gain",
-        "Performance gain vs fp32 (ratio > 1 = faster)",
+        "Performance gain vs fp32 (speed-up above 1 = faster)",
         [
             *cols,
-            "end-to-end gain @ largest size",
-            "comm-only speed-up @ largest",
-            "best end-to-end gain",
-            "max rel_err",
+            "speed-up @ largest size [95 % CI]",
+            "verdict",
+            *(["= algorithm × precision"] if has_split else []),
+            "comm-only speed-up",
+            "best significant speed-up",
+            "max rel. error",
         ],
         rows,
-        "End-to-end gain = effective_gbps / effective_gbps(fp32) at the same fp32 size (encode+decode included).",
+        "Speed-up = fp32's total time / this precision's (encode + collective + decode), paired per round. "
+        + (
+            "Where a precision reduces through the chunked all_to_all algorithm, its speed-up is the product of the "
+            "algorithm's (native fp32 / fp32 through that algorithm) and the precision's (fewer bytes, same "
+            "algorithm). "
+            if has_split
+            else ""
+        )
+        + "Comm-only: the collective alone, without encode and decode.",
     )
 
 
+def _training_speed(r: Any) -> tuple[str, str]:
+    return (
+        interval(r.get("speedup_vs_fp32"), r.get("speedup_ci_low"), r.get("speedup_ci_high")),
+        verdict(r.get("speedup_ci_low"), r.get("speedup_ci_high")),
+    )
+
+
+def _pct(v: Any) -> str:
+    x = _f(v)
+    return "" if math.isnan(x) else f"{-x * 100:+.0f} %"
+
+
 def training_gain_table(t: pd.DataFrame) -> Table | None:
-    want = [
-        "policy",
-        "family",
-        "step_time_us_p50",
-        "speedup_vs_fp32",
-        "peak_mem_bytes",
-        "mem_saved_vs_fp32",
-        "comm_bytes_per_step",
-        "comm_saved_vs_fp32",
-        "final_loss",
-        "final_loss_drift",
-        "max_grad_norm_drift",
-    ]
+    """One row per policy in human units: step time and speed-up with intervals (a verdict only when the
+    interval excludes 1), memory and bytes per step with their change against fp32, and the drift."""
     if t.empty or "policy" not in t.columns:
         return None
-    cols = [c for c in want if c in t.columns]
-    return frame_table("training-gain", "Training: gain and cost of each policy vs fp32", t[cols])
+    rows = []
+    for _, r in t.iterrows():
+        speed, word = _training_speed(r)
+        mem, comm = _f(r.get("peak_mem_bytes")), _f(r.get("comm_bytes_per_step"))
+        rows.append(
+            [
+                fmt(r.get("policy")),
+                _time_ci(r.get("step_time_us_p50"), r.get("step_time_us_ci_low"), r.get("step_time_us_ci_high")),
+                speed,
+                word,
+                f"{human_bytes(mem)} ({_pct(r.get('mem_saved_vs_fp32'))})" if not math.isnan(mem) else "",
+                f"{human_bytes(comm)} ({_pct(r.get('comm_saved_vs_fp32'))})" if not math.isnan(comm) else "",
+                fmt(r.get("final_loss_drift")),
+                fmt(r.get("max_grad_norm_drift")),
+            ]
+        )
+    kinds = {str(k) for k in t.get("peak_mem_kind", pd.Series(dtype=object)).dropna().unique()}
+    return Table(
+        "training-gain",
+        "Training: gain and cost of each policy vs fp32",
+        [
+            "policy",
+            "step time (median) [95 % CI]",
+            "speed-up vs fp32 [95 % CI]",
+            "verdict",
+            "peak memory (vs fp32)",
+            "comm per step per rank (vs fp32)",
+            "final-loss drift",
+            "max grad-norm drift",
+        ],
+        rows,
+        "Peak memory: " + "; ".join(memory_kind_text(k) for k in sorted(kinds)) + "." if kinds else "",
+    )
 
 
 def training_bf16_fp16_table(t: pd.DataFrame) -> Table | None:
@@ -294,16 +486,66 @@ def training_bf16_fp16_table(t: pd.DataFrame) -> Table | None:
     return frame_table("training-bf16-fp16", "Training: BF16 against FP16, side by side", pairs)
 
 
+def _largest_row(df: pd.DataFrame, coll: str, payload: Any, prec: str) -> pd.Series | None:
+    sel = (df["collective"].astype(str) == coll) & (df["precision"].astype(str) == prec)
+    if payload is not None and "payload" in df.columns and isinstance(payload, str) and payload:
+        sel &= df["payload"].astype(str) == payload
+    d = df[sel]
+    if d.empty or "fp32_bytes" not in d.columns:
+        return None
+    return d.loc[_num(d, "fp32_bytes").idxmax()]
+
+
+def slower_cause(df: pd.DataFrame, coll: str, payload: Any, prec: str) -> str:
+    """Why a precision is slower than fp32 at the largest size, from what its row measured: the algorithm it
+    reduces through (its algorithm part significantly below 1), encode/decode time that eats the faster
+    collective, or a collective that is itself no faster with this dtype (a native dtype has no encode/decode:
+    the backend's kernels for it cost more than the bytes saved)."""
+    r = _largest_row(df, coll, payload, prec)
+    base = _largest_row(df, coll, payload, FP32_PRECISION)
+    if r is None or base is None:
+        return ""
+    enc = (_f(r.get("encode_us")) if pd.notna(r.get("encode_us")) else 0.0) + (
+        _f(r.get("decode_us")) if pd.notna(r.get("decode_us")) else 0.0
+    )
+    total = _f(r.get("total_us"))
+    comm = _f(r.get("comm_us")) if pd.notna(r.get("comm_us")) else _f(r.get("time_us"))
+    base_comm = _f(base.get("comm_us")) if pd.notna(base.get("comm_us")) else _f(base.get("time_us"))
+    comm_speedup = base_comm / comm if comm > 0 else math.nan
+    parts: list[str] = []
+    if _f(r.get("algo_gain_ci_high")) < 1.0:
+        parts.append(
+            "the chunked algorithm it reduces through is slower than fp32's native collective "
+            f"(fp32 through it: {interval(r.get('algo_gain'), r.get('algo_gain_ci_low'), r.get('algo_gain_ci_high'))})"
+        )
+    if comm_speedup < 1.0 and not parts:
+        alone = "" if enc == 0 else " without encode/decode"  # a native dtype has none to mention
+        parts.append(
+            f"the collective itself is slower with this data type ({_r(comm_speedup)}× fp32's speed{alone}): "
+            "the backend's kernels for it cost more than the bytes saved"
+        )
+    if enc > 0 and total > 0 and (comm_speedup >= 1.0 or parts):
+        share = enc / total
+        if comm_speedup >= 1.0 and not parts:
+            parts.append(
+                f"encode + decode take {share:.0%} of its time and outweigh the faster collective "
+                f"({_r(comm_speedup)}× fp32's speed without them)"
+            )
+        elif share >= 0.1:
+            parts.append(f"encode + decode add {share:.0%} of its time")
+    return "; ".join(parts)
+
+
 def pitfalls(run: RunData) -> list[str]:
-    """Plain-language problems found in the run: wrong results, large errors, noisy or skewed timings,
-    compression that never pays, and the training section's own warnings."""
+    """Plain-language problems found in the run: wrong results, large errors, noisy timings, compression that
+    never pays (with the cause that applies), and the training section's own warnings."""
     out: list[str] = []
     df = run.results
     if not df.empty:
         label_cols = [c for c in ("collective", "precision", "payload") if c in df.columns]
 
         def where(r: Any) -> str:
-            return " ".join(str(r[c]) for c in label_cols) + f" at {human_size(float(r['size_bytes']))}"
+            return " ".join(str(r[c]) for c in label_cols) + f" at {human_bytes(float(r['size_bytes']))}"
 
         wrong = df[_num(df, "wrong") > 0]
         for _, r in wrong.head(10).iterrows():
@@ -318,12 +560,13 @@ def pitfalls(run: RunData) -> list[str]:
                 f"{' '.join(map(str, k))}: relative error up to {fmt(float(_num(g, 'rel_err').max()))} "
                 "(>= 10 %): this precision/payload combination loses the signal (underflow or outliers?)."
             )
-        noisy = df[_num(df, "cv") >= CV_WARN]
-        if len(noisy):
-            out.append(
-                f"{len(noisy)} of {len(df)} point(s) have a coefficient of variation >= {CV_WARN:.0%}: "
-                "their times are noisy (other load on the machine, too few samples)."
-            )
+        if not ("noisy" in df.columns and df["noisy"].notna().any()):  # else: counted in the findings
+            noisy_cv = df[_num(df, "cv") >= CV_WARN]
+            if len(noisy_cv):
+                out.append(
+                    f"{len(noisy_cv)} of {len(df)} point(s) have a coefficient of variation >= {CV_WARN:.0%}: "
+                    "their times are noisy (other load on the machine, too few samples)."
+                )
         skew = df[_num(df, "rank_spread") >= RANK_SPREAD_WARN]
         if len(skew):
             out.append(
@@ -331,12 +574,19 @@ def pitfalls(run: RunData) -> list[str]:
                 "(rank_spread): a slow rank or link dominates those numbers."
             )
     cx = run.crossover
-    if not cx.empty and "crossover_bytes" in cx.columns:
-        never = cx[pd.to_numeric(cx["crossover_bytes"], errors="coerce").isna()]
-        for _, r in never.iterrows():
+    refs = reference_precisions(run)
+    if not cx.empty and "note" in cx.columns and not df.empty:
+        payload = primary_payload(df)  # speed does not depend on the values sent: one payload speaks for all
+        if payload is not None and "payload" in cx.columns:
+            cx = cx[cx["payload"].astype(str) == payload]
+        for _, r in cx[cx["note"].astype(str) == "never in range"].iterrows():
+            if str(r["precision"]) in refs:
+                continue
+            cause = slower_cause(df, str(r["collective"]), r.get("payload"), str(r["precision"]))
             out.append(
-                f"{r['collective']} {r['precision']} ({r.get('payload', '')}): never faster than fp32 end to end "
-                "in the measured range: the encode/decode cost outweighs the bytes saved here."
+                f"{r['collective']} {r['precision']}: slower than fp32 end to end at the largest size "
+                f"({interval(r.get('gain_at_largest'), r.get('gain_at_largest_ci_low'), r.get('gain_at_largest_ci_high'))})"
+                + (f": {cause}." if cause else ".")
             )
     t = run.training
     if not t.empty and "warnings" in t.columns:
@@ -344,6 +594,152 @@ def pitfalls(run: RunData) -> list[str]:
             w = r["warnings"]
             if isinstance(w, str) and w.strip():
                 out.append(f"training policy {r['policy']}: {w}")
+    return out
+
+
+def _is_true(v: Any) -> bool:
+    return v is True or str(v) == "True"
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _sweep_findings(run: RunData) -> list[str]:
+    df = run.results
+    cx = run.crossover
+    if df.empty or cx.empty or "note" not in cx.columns:
+        return []
+    out: list[str] = []
+    payload = primary_payload(df)
+    if payload is not None and "payload" in cx.columns:
+        cx = cx[cx["payload"].astype(str) == payload]
+    refs = reference_precisions(run)
+    ci = _has_ci(df)
+    if not ci:
+        out.append(
+            "This run carries no confidence intervals (an imported or older run): the comparisons below are not "
+            "tested for significance."
+        )
+    speed = speed_rows(df)
+    for coll in order(cx["collective"].unique(), COLLECTIVE_ORDER):
+        c = cx[(cx["collective"] == coll) & ~cx["precision"].astype(str).isin(refs)]
+        sizes = _num(speed[speed["collective"] == coll], "fp32_bytes")
+        if c.empty or sizes.isna().all():
+            continue
+        smallest, largest = float(sizes.min()), float(sizes.max())
+        wins: list[tuple[float, str]] = []
+        ties: list[str] = []
+        losses: list[tuple[str, str]] = []
+        for _, r in c.iterrows():
+            prec = str(r["precision"])
+            g = interval(r.get("gain_at_largest"), r.get("gain_at_largest_ci_low"), r.get("gain_at_largest_ci_high"))
+            b = _f(r.get("crossover_bytes"))
+            if not math.isnan(b):
+                text = (
+                    f"{prec} {coll} is faster than fp32 from {human_bytes(b)}: {g} at {human_bytes(largest)}"
+                    if b < largest
+                    else f"{prec} {coll} is faster than fp32 at {human_bytes(b)}, the largest size measured: {g}"
+                )
+                if b > smallest:
+                    text += f"; below {human_bytes(b)} it does not pay on this link"
+                wins.append((_f(r.get("gain_at_largest")), text + "."))
+            elif str(r.get("note")) == "never in range":
+                losses.append((prec, g))
+            else:
+                ties.append(prec)
+        out += [t for _, t in sorted(wins, key=lambda w: -w[0] if not math.isnan(w[0]) else 0.0)]
+        if losses:
+            out.append(
+                f"{_join([p for p, _ in losses])} {'does' if len(losses) == 1 else 'do'} not pay for {coll} in the "
+                f"measured range ({human_bytes(smallest)} – {human_bytes(largest)}): fp32 is faster at "
+                f"{human_bytes(largest)} (speed-up {_join([f'{p} {g}' if len(losses) > 1 else g for p, g in losses])})."
+            )
+        if ties:
+            out.append(f"{coll}: no significant difference from fp32 at {human_bytes(largest)} for {_join(ties)}.")
+    out += _split_findings(speed, refs)
+    return out
+
+
+def _split_findings(speed: pd.DataFrame, refs: set[str]) -> list[str]:
+    """Where a precision reduces through the chunked algorithm: how much of its speed-up is the algorithm and
+    how much the fewer bytes, at the largest size (stated only for the parts whose interval excludes 1)."""
+    if not has_values(speed, "algo_gain"):
+        return []
+    out: list[str] = []
+    d = speed[_num(speed, "algo_gain").notna() & ~speed["precision"].astype(str).isin(refs)]
+    for (coll, prec), g in d.groupby(["collective", "precision"], sort=False):
+        last = g.loc[_num(g, "fp32_bytes").idxmax()]
+        algo = verdict(last.get("algo_gain_ci_low"), last.get("algo_gain_ci_high"))
+        prec_part = verdict(last.get("precision_gain_ci_low"), last.get("precision_gain_ci_high"))
+        if algo in ("", NO_WINNER) and prec_part in ("", NO_WINNER):
+            continue
+        total = interval(last.get("gain_vs_fp32"), last.get("gain_ci_low"), last.get("gain_ci_high"))
+        a = interval(last.get("algo_gain"), last.get("algo_gain_ci_low"), last.get("algo_gain_ci_high"))
+        p = interval(last.get("precision_gain"), last.get("precision_gain_ci_low"), last.get("precision_gain_ci_high"))
+        ns = " (not significant)"
+        at = human_bytes(float(last["fp32_bytes"]))
+        if verdict(last.get("gain_ci_low"), last.get("gain_ci_high")) == "faster":
+            out.append(
+                f"Of {prec}'s {total} on {coll} at {at}, {a}{ns if algo == NO_WINNER else ''} comes from the "
+                f"chunked all_to_all algorithm and {p}{ns if prec_part == NO_WINNER else ''} from fewer bytes."
+            )
+        else:
+            out.append(
+                f"{prec} {coll} at {at}: {total} against fp32 = {a}{ns if algo == NO_WINNER else ''} from the "
+                f"chunked all_to_all algorithm × {p}{ns if prec_part == NO_WINNER else ''} from fewer bytes."
+            )
+    return out
+
+
+def _training_findings(t: pd.DataFrame) -> list[str]:
+    if t.empty or "policy" not in t.columns or not has_values(t, "speedup_vs_fp32"):
+        return []
+    out: list[str] = []
+    same: list[str] = []
+    has_ci = has_values(t, "speedup_ci_low")
+    for _, r in t.iterrows():
+        pol = str(r["policy"])
+        s = _f(r.get("speedup_vs_fp32"))
+        if pol == FP32_PRECISION or math.isnan(s):
+            continue
+        speed, word = _training_speed(r)
+        if word == "faster":
+            out.append(f"Training: {pol} steps are {speed} faster than fp32.")
+        elif word == "slower":
+            note = str(r.get("notes") or "").strip()
+            out.append(f"Training: {pol} steps are slower than fp32 ({speed})" + (f": {note}." if note else "."))
+        elif has_ci:
+            same.append(pol)
+    if same:
+        out.append(f"Training: no significant step-time difference from fp32 for {_join(same)}.")
+    saved = [
+        (str(r["policy"]), _f(r.get("comm_saved_vs_fp32")))
+        for _, r in t.iterrows()
+        if _f(r.get("comm_saved_vs_fp32")) > 0.005
+    ]
+    if saved:
+        out.append(
+            "Training: "
+            + _join([f"{p} sends {v:.0%} fewer bytes" for p, v in saved])
+            + " per step than fp32 (counted, not timed)."
+        )
+    return out
+
+
+def findings(run: RunData) -> list[str]:
+    """The report's first section: sentences built from significant results only (a winner, a crossover, a
+    speed-up is stated only where its 95 % interval excludes 1), then the noisy points counted."""
+    out = _sweep_findings(run) + _training_findings(run.training)
+    df = run.results
+    if not df.empty and "noisy" in df.columns and df["noisy"].notna().any():
+        noisy = int(df["noisy"].map(_is_true).sum())
+        out.append(
+            f"{noisy} of {len(df)} points are noisy (their 95 % interval stayed wider than the target): "
+            "comparisons involving them are less often significant; raise --max-time or run on a quieter machine."
+            if noisy
+            else f"All {len(df)} points reached the target interval."
+        )
     return out
 
 
@@ -376,8 +772,10 @@ def metadata_table(meta: dict[str, Any]) -> Table:
         v = meta[k]
         if isinstance(v, list) and k == "argv":
             v = " ".join(map(str, v))
-        elif isinstance(v, (list, dict)):
-            v = json.dumps(v, sort_keys=True)
+        elif isinstance(v, dict):  # key=value pairs read better than a JSON object in a cell
+            v = ", ".join(f"{kk}={_toml_value(vv)}" for kk, vv in sorted(v.items()) if vv is not None)
+        elif isinstance(v, list):
+            v = ", ".join(map(str, v))
         rows.append([label, fmt(v) if v is not None else "n/a"])
     return Table("metadata", "Run metadata", ["field", "value"], rows)
 
@@ -426,7 +824,7 @@ def nodes_table(meta: dict[str, Any]) -> Table | None:
 
 def topology_tables(meta: dict[str, Any]) -> list[Table]:
     """``nvidia-smi topo -m`` of every node that has it, as a matrix (its legend dropped)."""
-    out = []
+    out: list[Table] = []
     for n in meta.get("node_reports") or []:
         text = n.get("nvidia_topo")
         if not text:
@@ -444,6 +842,27 @@ def topology_tables(meta: dict[str, Any]) -> list[Table]:
                           [[ln] for ln in lines[:end]])  # fmt: skip
         out.append(table)
     return out
+
+
+def _toml_value(v: Any) -> str:
+    # JSON's strings, numbers, booleans and arrays of them are valid TOML values
+    return json.dumps(v, ensure_ascii=False)
+
+
+def suite_text(suite: dict[str, Any]) -> str:
+    """The resolved suite as TOML (what `commbench run FILE.toml` reads back): scalars first, then one table
+    per nested section; unset (None) values are left out."""
+    lines: list[str] = []
+    tables: list[tuple[str, dict[str, Any]]] = []
+    for k, v in suite.items():
+        if isinstance(v, dict):
+            tables.append((k, v))
+        elif v is not None:
+            lines.append(f"{k} = {_toml_value(v)}")
+    for name, t in tables:
+        lines += ["", f"[{name}]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in t.items() if v is not None and not isinstance(v, dict)]
+    return "\n".join(lines)
 
 
 FULL_RESULT_COLUMNS = [
@@ -479,12 +898,12 @@ def build_tables(run: RunData) -> dict[str, list[Table]]:
     summary = [
         t
         for t in (
-            peak_busbw_table(df),
-            best_precision_table(df),
+            best_precision_table(df, reference_precisions(run)),
             crossover_table(run),
-            gain_table(df),
+            gain_table(df, reference_precisions(run)),
             training_gain_table(run.training),
             training_bf16_fp16_table(run.training),
+            peak_busbw_table(df),
         )
         if t is not None
     ]
@@ -497,6 +916,7 @@ def build_tables(run: RunData) -> dict[str, list[Table]]:
                 "results",
                 "All collective points (nccl-tests columns first: size, count, type, time, algbw, busbw, #wrong)",
                 df.sort_values(sort)[cols],
+                "As in results.csv: sizes in bytes, times in microseconds, bandwidths in GB/s (1e9 bytes/s).",
             )
         )
     if not run.training.empty:
@@ -517,9 +937,9 @@ def build_tables(run: RunData) -> dict[str, list[Table]]:
 
 
 def md_escape(s: str) -> str:
-    """Markdown-safe text: HTML special characters as entities (renderers pass raw HTML through),
-    pipes and backslashes escaped so a cell cannot break the table, newlines flattened."""
-    s = html.escape(str(s), quote=False)
+    """Markdown-safe text: '&' and '<' as entities (renderers pass raw HTML through; '>' alone opens no tag and
+    stays readable), pipes and backslashes escaped so a cell cannot break the table, newlines flattened."""
+    s = str(s).replace("&", "&amp;").replace("<", "&lt;")
     for ch in "\\|`$*":
         s = s.replace(ch, "\\" + ch)
     return s.replace("\n", " ").replace("\r", " ")
@@ -574,16 +994,40 @@ def render_html(
     pitfall_list: Sequence[str] | None,
     warnings: Sequence[str] = (),
     template: str = "report.html.j2",
+    *,
+    findings: Sequence[str] | None = None,
+    suite: str = "",
 ) -> str:
-    """sections: (anchor, heading, tables); figures: (name, caption, png, svg)."""
+    """sections: (anchor, heading, tables); figures: (name, caption, png, svg).
+
+    With `findings` (the run report) the page reads: warnings, Findings (with the pitfalls), Figures, the
+    sections in order, the suite last. Without (compare) the figures follow the 'summary' section.
+    """
     figs = [
         {"name": n, "caption": c, "src": _data_uri(png), "svg": svg.name if svg else None} for n, c, png, svg in figures
     ]
     return (
         _env()
         .get_template(template)
-        .render(title=title, sections=sections, figures=figs, pitfalls=pitfall_list, warnings=warnings)
-    )
+        .render(
+            title=title, sections=sections, figures=figs, pitfalls=pitfall_list, warnings=warnings,
+            findings=findings, suite=suite,
+        )
+    )  # fmt: skip
+
+
+def _md_figures(figures: list[tuple[str, str, Path, Path | None]], base: Path) -> list[str]:
+    out = ["## Figures", ""]
+    for _name, cap, png, _svg in figures:
+        rel = png.relative_to(base).as_posix() if png.is_relative_to(base) else png.as_posix()
+        out += [f"![{md_escape(cap)}]({rel.replace(' ', '%20')})", "", f"_{md_escape(cap)}_", ""]
+    return out
+
+
+def _md_pitfalls(pitfall_list: Sequence[str]) -> list[str]:
+    out = ["### Pitfalls found", ""]
+    out += [f"- {md_escape(p)}" for p in pitfall_list] if pitfall_list else ["None found."]
+    return [*out, ""]
 
 
 def render_markdown(
@@ -593,29 +1037,42 @@ def render_markdown(
     pitfall_list: Sequence[str] | None,
     base: Path,
     warnings: Sequence[str] = (),
+    *,
+    findings: Sequence[str] | None = None,
+    suite: str = "",
 ) -> str:
+    """The same document as `render_html`, in Markdown (figures as relative links to plots/)."""
     out = [f"# {md_escape(title)}", ""]
     if warnings:
         out += ["## Warnings", ""] + [f"- {md_escape(w)}" for w in warnings] + [""]
+    figs = list(figures)
+    if findings is not None:
+        out += ["## Findings", ""]
+        out += [f"- {md_escape(f)}" for f in findings] if findings else ["No result to state."]
+        out.append("")
+        if pitfall_list is not None:
+            out += _md_pitfalls(pitfall_list)
+        if figs:
+            out += _md_figures(figs, base)
     for anchor, heading, tables in sections:
         out += [f"## {md_escape(heading)}", ""]
         for t in tables:
             out.append(md_table(t))
-        if anchor == "summary":
+        if anchor == "summary" and findings is None:
             if pitfall_list is not None:
-                out += ["### Pitfalls found", ""]
-                out += [f"- {md_escape(p)}" for p in pitfall_list] if pitfall_list else ["None found."]
-                out.append("")
-            figs = list(figures)
+                out += _md_pitfalls(pitfall_list)
             if figs:
-                out += ["## Figures", ""]
-                for _name, cap, png, _svg in figs:
-                    rel = png.relative_to(base).as_posix() if png.is_relative_to(base) else png.as_posix()
-                    out += [f"![{md_escape(cap)}]({rel.replace(' ', '%20')})", "", f"_{md_escape(cap)}_", ""]
+                out += _md_figures(figs, base)
+    if suite:
+        # a fenced block: the suite stays readable and copyable, and nothing in it is Markdown
+        fence = "````" if "```" in suite else "```"
+        out += ["## Suite (resolved)", "", f"{fence}toml", suite, fence, ""]
     return "\n".join(out) + "\n"
 
 
-def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
+def write_report(
+    run_dir: Path, out_dir: Path | None = None, progress: Callable[[str], None] | None = None
+) -> dict[str, Path]:
     """Write report.html, report.md and plots/*.png|svg for a run into out_dir (default: run_dir).
 
     Returns {"html": ..., "md": ..., "<figure>.png": ..., "<figure>.svg": ...}.
@@ -624,22 +1081,23 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     run = load_run(Path(run_dir))
     out = Path(out_dir) if out_dir is not None else Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = plots.write_plots(run, out / "plots")
+    written = plots.write_plots(run, out / "plots", progress=progress)
+    if progress is not None:
+        progress("tables and findings")
     figures = [(name, plots.FIGURES[name].caption, paths["png"], paths.get("svg")) for name, paths in written.items()]
     tables = build_tables(run)
+    # the answer first (findings, figures, tables), how it was measured last
     sections = [
-        ("metadata", "Metadata", tables["metadata"]),
-        ("summary", "Summary", tables["summary"]),
+        ("summary", "Tables", tables["summary"]),
         ("full", "Full tables", tables["full"]),
+        ("metadata", "Metadata", tables["metadata"]),
     ]
     suite = run.metadata.get("suite")
-    if suite:
-        tables["metadata"].append(
-            Table("suite", "Suite (resolved)", ["suite"], [[json.dumps(suite, indent=1, sort_keys=True)]])
-        )
+    suite_toml = suite_text(suite) if isinstance(suite, dict) else ""
     found = pitfalls(run)
     if run.results.empty and run.training.empty:
         found.insert(0, "This run directory holds no collective results and no training results yet.")
+    said = findings(run)
     title = report_title(run.metadata)
     html_path = out / "report.html"
     md_path = out / "report.md"
@@ -650,8 +1108,12 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
             f"Unfinished run: started {run.metadata.get('start_time', '?')} and never completed (no end time in "
             f"metadata.json); the tables hold the points finished so far. Continue it with `commbench run --resume {run_dir}`."
         )
-    html_path.write_text(render_html(title, sections, figures, found, banner), encoding="utf-8")
-    md_path.write_text(render_markdown(title, sections, figures, found, out, banner), encoding="utf-8")
+    html_path.write_text(
+        render_html(title, sections, figures, found, banner, findings=said, suite=suite_toml), encoding="utf-8"
+    )
+    md_path.write_text(
+        render_markdown(title, sections, figures, found, out, banner, findings=said, suite=suite_toml), encoding="utf-8"
+    )
     result: dict[str, Path] = {"html": html_path, "md": md_path}
     for name, paths in written.items():
         for f, p in paths.items():

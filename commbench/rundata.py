@@ -27,8 +27,12 @@ __all__ = [
     "as_tuple",
     "collectives",
     "has_values",
+    "human_bytes",
+    "human_rate",
     "human_size",
+    "human_time",
     "load_run",
+    "memory_kind_text",
     "order",
     "primary_payload",
     "series_columns",
@@ -93,6 +97,60 @@ def human_size(n: float) -> str:
             v = n / scale
             return f"{v:.0f}{unit}" if float(v).is_integer() else f"{v:.3g}{unit}"
     return f"{n:.0f}B"
+
+
+def human_bytes(n: float) -> str:
+    """Bytes for a person: 1024-based with IEC names, 3 significant digits (65536 -> '64 KiB', 1.5e6 -> '1.43 MiB')."""
+    if n is None or not math.isfinite(n):
+        return ""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{_sig(n / scale)} {unit}"
+    return f"{n:.0f} B"
+
+
+def human_time(us: float) -> str:
+    """Microseconds for a person: '453 µs', '14.7 ms', '1.20 s' (3 significant digits)."""
+    if us is None or not math.isfinite(us):
+        return ""
+    if abs(us) >= 1e6:
+        return f"{_sig(us / 1e6)} s"
+    if abs(us) >= 1e3:
+        return f"{_sig(us / 1e3)} ms"
+    return f"{_sig(us)} µs"
+
+
+def human_rate(gbps: float) -> str:
+    """A bandwidth in GB/s (1e9 bytes/s, as nccl-tests) for a person: MB/s below 1 GB/s, 3 significant digits."""
+    if gbps is None or not math.isfinite(gbps):
+        return ""
+    if abs(gbps) < 1.0:
+        return f"{_sig(gbps * 1e3)} MB/s"
+    return f"{_sig(gbps)} GB/s"
+
+
+def _sig(v: float) -> str:
+    """3 significant digits without exponent for the magnitudes the human_* helpers produce (up to 1023)."""
+    if v == 0:
+        return "0"
+    digits = max(0, 2 - math.floor(math.log10(abs(v))))
+    text = f"{v:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+MEMORY_KINDS = {
+    "cuda_allocator": "peak GPU memory allocated by tensors during one step (torch.cuda.max_memory_allocated)",
+    "cpu_heap": "peak growth of the process's C heap from before the model was built to the peak of one step "
+    "(parameters, gradients, optimizer state, communication buffers and activations)",
+    "cpu_memtracker": "peak bytes of live tensors during one step (torch's MemTracker, CPU)",
+    "analytic": "computed from the parameter count (ZeRO formulas), not measured",
+}
+"""What each training memory kind (training.csv peak_mem_kind) measured, in words for the report and plots."""
+
+
+def memory_kind_text(kind: str) -> str:
+    """A person's description of a peak_mem_kind value (the raw value itself when it is not a known kind)."""
+    return MEMORY_KINDS.get(kind, kind)
 
 
 def order(values: Iterable[Any], preferred: tuple[str, ...]) -> list[str]:

@@ -93,9 +93,10 @@ def _line(cols: list[Column], cells: list[str]) -> str:
 
 
 def columns_for(width: int) -> list[Column]:
-    """The columns that fit in ``width`` characters, in table order (drop the least important first)."""
+    """The columns that fit in ``width`` characters, in table order (drop the least important first). The last
+    column of the terminal stays free: a line that fills it wraps in some terminals."""
     cols = list(COLUMNS)
-    while sum(c.width + c.sep for c in cols) > width and len(cols) > 1:
+    while sum(c.width + c.sep for c in cols) > width - 1 and len(cols) > 1:
         cols.remove(min(cols, key=lambda c: c.priority))
     if cols:
         cols[0] = Column(cols[0].header, cols[0].unit, cols[0].width, cols[0].cell, cols[0].priority, sep=0)

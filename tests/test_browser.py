@@ -129,3 +129,31 @@ def test_compare_page_renders(browser: Any, tmp_path: Path) -> None:
     finally:
         page.close()
     assert seen["console_errors"] == [] and seen["page_errors"] == []
+
+
+@pytest.mark.timeout(240)
+def test_findings_above_the_fold_and_no_sideways_scroll(browser: Any, tmp_path: Path) -> None:
+    """At 1280x800 the first screen shows the Findings heading; the page never scrolls sideways (wide tables
+    scroll in their own container), and the training table's last column is inside the window."""
+    run = fabricate_run(tmp_path / "run", host="a-rather-long-host-name.cluster.example.org")
+    out = report.write_report(run)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.goto(out["html"].resolve().as_uri(), wait_until="load")
+        heading = page.query_selector("#findings h2")
+        assert heading is not None and heading.inner_text() == "Findings"
+        box = heading.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 800
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= page.evaluate("window.innerWidth"), width
+        last = page.query_selector("#table-training-gain + div table tr:first-child th:last-child")
+        assert last is not None
+        cell = last.bounding_box()
+        assert cell is not None and cell["x"] + cell["width"] <= 1280
+        page.screenshot(path=str(tmp_path / "report_1280x800.png"))
+        save_screenshot(page, tmp_path / "report_1280_full.png")
+        artifacts = os.environ.get("COMMBENCH_ARTIFACTS")
+        if artifacts:
+            shutil.copy(tmp_path / "report_1280x800.png", Path(artifacts) / "report_1280x800.png")
+    finally:
+        page.close()

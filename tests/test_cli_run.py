@@ -292,3 +292,114 @@ def test_suites_load_without_tomllib(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "quick"
+
+
+# --------------------------------------------------------------------------- the console a person reads
+
+
+def test_sizes_accept_nccl_tests_units_all_1024_based(tmp_path: Path) -> None:
+    # K, KB and KiB (any case) are one unit, 1024 bytes, as nccl-tests' K: never silently 1000
+    for text, value in (("8", 8), ("8B", 8), ("64K", 64 * 1024), ("64kb", 64 * 1024), ("64KiB", 64 * 1024),
+                        ("1M", 2**20), ("1MB", 2**20), ("1MiB", 2**20), ("4G", 4 * 2**30), ("4GB", 4 * 2**30)):  # fmt: skip
+        assert commbench.parse_size(text) == value, text
+    for bad in ("1iB", "1T", "1.5M", "1 M B", "-1K"):
+        with pytest.raises(ValueError, match="1024-based"):
+            commbench.parse_size(bad)
+    proc = run_cli("run", "-b", "1TB", cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "KiB" in proc.stderr
+    assert "1024-based" in run_cli("run", "--help", cwd=tmp_path).stdout.replace("\n", " ")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"]])
+def test_help_imports_no_torch(argv: list[str], tmp_path: Path) -> None:
+    """--help must be instant: nothing that imports torch (or pandas) may run before it prints."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['commbench', *{argv!r}]\n"
+        "try:\n    runpy.run_module('commbench', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('IMPORTED', sorted(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip().splitlines()[-1] == "IMPORTED []", proc.stdout[-500:] + proc.stderr[-2000:]
+
+
+def test_run_help_shows_every_default(tmp_path: Path) -> None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    from commbench.cli import build_parser
+
+    run = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "run" in a.choices).choices["run"]
+    text = " ".join(run_cli("run", "--help", cwd=tmp_path).stdout.split())
+    for action in run._actions:
+        if action.help in (None, "==SUPPRESS==") or action.dest == "help" or action.help.startswith("skip the"):
+            continue  # --no-check is the negation of --check, whose line states the default
+        assert "default" in action.help, action.option_strings
+    quick = tomllib.loads((Path(__file__).resolve().parents[1] / "suites" / "quick.toml").read_text())
+    assert f"quick: {quick['min_bytes']}" in text and f"quick: {quick['max_bytes']}" in text
+    assert f"quick: {quick['factor']})" in text and f"quick: {quick['timing']['repeats']})" in text
+    assert "--no-training" in text
+
+
+def test_ctrl_c_prints_the_resume_command_and_resume_counts(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    args = ["run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", "1K", "-e", "64K", "-f", "2",
+            "--nproc", "2", "--out", str(out), *FAST]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["COMMBENCH_INJECT_FAULT"] = "hang:1:3"  # rank 1 stops after 3 points: Ctrl-C lands mid-run
+    proc = subprocess.Popen([sys.executable, "-m", "commbench", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    journal = out / "rows.jsonl"
+    for _ in range(1200):  # until the three points are on disk (bounded: the test's timeout ends it anyway)
+        if journal.is_file() and len(journal.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == [
+        f"commbench: interrupted; finished points are kept; continue with: python -m commbench run --resume {out} "
+        "--nproc 2 --no-training --no-report --quiet"
+    ], err[-3000:]
+    cmd = lines[0].split("continue with: ", 1)[1].split()
+    resumed = run_cli(*cmd[3:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # 7 sizes (1K..64K, factor 2) x 1 precision: 3 were done
+    assert f"# resuming {out}: 3 point(s) already measured, 4 left" in resumed.stdout
+
+
+def test_console_fits_80_and_100_columns() -> None:
+    from commbench.console import comment, training_line
+    from commbench.table import LEGEND, columns_for, format_row, header_lines
+
+    row = {"size_bytes": 16777216, "count": 4194304, "dtype": "bfloat16", "redop": "sum", "time_us": 123456.7,
+           "algbw_gbps": 135.9, "busbw_gbps": 135.9, "wrong": 0, "precision": "fp8_e4m3_native", "time_ci_low_us": 1.0,
+           "time_ci_high_us": 2.0, "gain_vs_fp32": 1.41, "gain_significant": True, "encode_us": 1.0, "decode_us": 1.0,
+           "effective_gbps": 1.0, "rel_err": 1e-3}  # fmt: skip
+    for width in (80, 100):
+        cols = columns_for(width)
+        for line in (*header_lines(cols), format_row(row, cols), *comment(LEGEND, width)):
+            assert len(line) < width, (width, line)
+    assert {c.header for c in columns_for(100)} >= {"size", "time", "busbw", "#wrong", "precision", "±ci", "vs fp32"}
+    # a training line: step time in ms with its interval, speed-up with significance, MiB and KiB
+    line = training_line({
+        "policy": "amp_bf16", "step_time_us_p50": 37920.0, "step_time_us_ci_low": 30000.0,
+        "step_time_us_ci_high": 45100.0, "speedup_vs_fp32": 0.8, "speedup_significant": True,
+        "peak_mem_bytes": 13.6 * 2**20, "comm_bytes_per_step": 463 * 1024, "final_loss_drift": -9.1e-5,
+        "notes": "CPU autocast bfloat16: emulated here",
+    })  # fmt: skip
+    first, *rest = line.splitlines()
+    assert len(first) <= 100
+    assert "37.9 ms [30.0-45.1] 0.80x*" in first and "mem 13.6 MiB" in first and "comm 463 KiB/step" in first
+    assert rest and "slower here: CPU autocast bfloat16: emulated here" in " ".join(rest)
+    # not significantly slower: no machine note (claims only when significant)
+    calm = training_line({"policy": "amp_bf16", "step_time_us_p50": 1e4, "speedup_vs_fp32": 0.9,
+                          "speedup_significant": False, "notes": "CPU autocast"})  # fmt: skip
+    assert len(calm.splitlines()) == 1 and "0.90x~" in calm

@@ -19,6 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from commbench import plots
+from commbench.rundata import human_bytes, human_rate, human_time
 from tests.views_util import fabricate_run, fabricate_training, real_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -48,6 +49,12 @@ def test_human_size_labels() -> None:
         "1M",
         "3G",
     ]
+    # for people: IEC names, 1024-based, 3 significant digits
+    assert [human_bytes(v) for v in (8, 1024, 1536, 65536, 1.5e6, 3 * 2**30)] == [
+        "8 B", "1 KiB", "1.5 KiB", "64 KiB", "1.43 MiB", "3 GiB",
+    ]  # fmt: skip
+    assert [human_time(v) for v in (0.5, 453.2, 14663.0, 1.2e6)] == ["0.5 µs", "453 µs", "14.7 ms", "1.2 s"]
+    assert [human_rate(v) for v in (0.00226, 0.5, 1.234, 123.4)] == ["2.26 MB/s", "500 MB/s", "1.23 GB/s", "123 GB/s"]
 
 
 @pytest.mark.timeout(180)
@@ -66,7 +73,13 @@ def test_busbw_lines_are_the_runs_points(real_run_dir: Path) -> None:
         for ax in axes:
             assert ax.get_xscale() == "log" and getattr(ax.xaxis.get_transform(), "base", None) == 2
             labels = [t.get_text() for t in ax.get_xticklabels()]
-            assert "1K" in labels and "64K" in labels
+            assert "1 KiB" in labels and "64 KiB" in labels
+            # log y (small sizes are not flattened against the axis), ticks in human units
+            assert ax.get_yscale() == "log"
+            yl = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+            assert yl and all(t.endswith(("MB/s", "GB/s")) for t in yl), yl
+            # the interval is a shaded band between busbw_ci_low and busbw_ci_high
+            assert ax.collections, "no confidence band"
             for line in ax.get_lines():
                 prec = str(line.get_label()).split()[0]
                 ref = csv[(csv["collective"] == ax.get_title()) & (csv["precision"] == prec)].sort_values("size_bytes")
@@ -127,14 +140,20 @@ def test_effective_marks_crossover_at_the_formula_size(fabricated: Path) -> None
     assert fig is not None
     try:
         ax = next(a for a in fig.axes if a.get_title() == "all_reduce")
-        vlines = [xy(ln)[0][0] for ln in ax.get_lines() if ln.get_linestyle() == ":"]
-        assert vlines == [expect]
+        # a star on the fp8 curve at the crossover size, no text drawn over the data
+        stars = [xy(ln) for ln in ax.get_lines() if ln.get_marker() == "*"]
+        assert [float(x[0]) for x, _ in stars] == [expect]
+        assert float(stars[0][1][0]) == pytest.approx(float(mine[expect]))
+        assert not ax.texts
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert f"fp8_e4m3 (crossover: all_reduce {human_bytes(expect)}" in " ".join(legend)
     finally:
         plt.close(fig)
 
 
 def test_training_figures(fabricated: Path) -> None:
     run = plots.load_run(fabricated)
+    run.training = run.training.assign(peak_mem_kind="cpu_heap")  # what the runner writes on CPU
     summary, steps = fabricate_training()
     bars = plots.fig_training_bars(run)
     stacked = plots.fig_training_bytes(run)
@@ -152,11 +171,20 @@ def test_training_figures(fabricated: Path) -> None:
         # step-time bars are the p50 in ms
         heights = [p.get_height() for p in bars.axes[0].patches if isinstance(p, Rectangle)]
         np.testing.assert_allclose(heights, summary["step_time_us_p50"].to_numpy() / 1e3)
-        # loss curves: one per policy, fp32 marked as the reference
-        labels = [ln.get_label() for ln in curves.axes[0].get_lines()]
-        assert labels == ["fp32 (reference)", "bf16", "fp8_e4m3"]
-        fp32_loss = np.asarray(curves.axes[0].get_lines()[0].get_ydata(), dtype=float)
-        np.testing.assert_allclose(fp32_loss, steps[steps.policy == "fp32"]["loss"].to_numpy())
+        # the bars and the expected markers fit under the y limit
+        tallest = max(max(totals), float(np.nanmax(summary["comm_bytes_expected"].to_numpy() / 2**20)))
+        assert ax.get_ylim()[1] > tallest
+        # drift curves: one per policy, each the difference from fp32's loss at the same step; fp32 is zero
+        lines = curves.axes[0].get_lines()
+        assert [ln.get_label() for ln in lines] == ["fp32 (reference)", "bf16", "fp8_e4m3"]
+        ref = steps[steps.policy == "fp32"]["loss"].to_numpy()
+        for line, pol in zip(lines, ["fp32", "bf16", "fp8_e4m3"], strict=True):
+            expect = steps[steps.policy == pol]["loss"].to_numpy() - ref
+            np.testing.assert_allclose(np.asarray(line.get_ydata(), dtype=float), expect)
+        # the memory panel says what was measured, in words, not the raw kind label
+        text = bars.axes[1].get_ylabel() + bars.axes[1].get_title(loc="left")
+        assert "[" not in bars.axes[1].get_ylabel() and "MiB" in bars.axes[1].get_ylabel()
+        assert "cpu_heap" not in text and "heap" in text
     finally:
         for f in (bars, stacked, curves):
             plt.close(f)
@@ -187,3 +215,37 @@ def test_training_only_and_empty_runs_draw_what_exists(tmp_path: Path) -> None:
 def test_missing_run_dir_is_a_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         plots.load_run(tmp_path / "nope")
+
+
+def test_error_plot_keeps_coinciding_lines_and_draws_comm_error(tmp_path: Path) -> None:
+    """Two precisions with the same error stay told apart (own marker, own width); the communication's own
+    error (comm_rel_err, when a run has it) is drawn dashed; one legend below the panels, none inside."""
+    from commbench.results import write_table
+
+    run_dir = fabricate_run(tmp_path / "run", training=False, payloads=("normal",))
+    df = pd.read_csv(run_dir / "results.csv")
+    twin = df[df["precision"] == "bf16"].assign(precision="bf16_twin")  # the same errors as bf16
+    df = pd.concat([df, twin], ignore_index=True)
+    df["comm_rel_err"] = np.where(df["precision"] == "fp32", 0.0, df["rel_err"] / 10)
+    write_table(run_dir, "results", df)
+    fig = plots.fig_error(plots.load_run(run_dir))
+    assert fig is not None
+    try:
+        ax = fig.axes[0]
+        solid = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_linestyle() == "-"}
+        dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+        a, b = solid["bf16"], solid["bf16_twin"]
+        np.testing.assert_allclose(xy(a)[1], xy(b)[1])  # they coincide...
+        assert a.get_marker() != b.get_marker() and a.get_linewidth() != b.get_linewidth()  # ...and stay visible
+        # dashed: comm_rel_err of each precision whose value is > 0 (lossless fp32 has none on a log axis)
+        assert len(dashed) == 3
+        for ln in dashed:
+            assert np.all(xy(ln)[1] > 0)
+        got = sorted(float(v) for ln in dashed for v in xy(ln)[1])
+        ref = df[(df["collective"] == ax.get_title().split(" / ")[0]) & (df["comm_rel_err"] > 0)]
+        np.testing.assert_allclose(got, sorted(ref["comm_rel_err"].to_numpy()))
+        assert all(a.get_legend() is None for a in fig.axes) and len(fig.legends) == 1
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert "dashed: error the communication adds" in legend
+    finally:
+        plt.close(fig)

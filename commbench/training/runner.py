@@ -222,6 +222,8 @@ class PolicySession:
         self.pitfalls: list[str] = []
         self.w = _wrap(policy, model, device, float(section.lr), self.n, self.nodes)
         self.notes.extend(policy.grad_comm.notes())
+        if policy.autocast is not None and device.type == "cpu":
+            self.notes.append(_cpu_autocast_note(policy.autocast))
         self.pitfalls.extend(policy.pitfalls())
         self.mult = float(section.loss_multiplier)
         self.warmup = int(section.warmup_steps)
@@ -403,6 +405,19 @@ class PolicySession:
             notes=notes,
             pitfalls=pitfalls,
         )
+
+
+def _cpu_autocast_note(dtype: torch.dtype) -> str:
+    """Why CPU autocast is usually slower than fp32 here, when it is: a property of this machine, not of the policy
+    (on GPUs, autocast to 16 bits is faster)."""
+    name = str(dtype).removeprefix("torch.")
+    native = {
+        torch.bfloat16: torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported(),
+        torch.float16: torch.cpu._is_amx_fp16_supported(),
+    }.get(dtype, False)
+    if not native:
+        return f"CPU autocast {name}: this CPU has no {name} math units, so {name} is emulated and slower than fp32 here"
+    return f"CPU autocast {name}: casting weights and activations on every op costs more than {name} math saves on a model this small"
 
 
 def run_policy(policy: Policy, section: TrainingConfig, device: torch.device, nodes: Nodes | None = None) -> PolicyRun:
