@@ -122,10 +122,16 @@ def exchange(
 
 
 class _ChunkedOp:
-    """Shared state of the point ops (the sweep's ``PointOp`` protocol: load, encode, comm, decode, result)."""
+    """Shared state of the point ops (the sweep's ``PointOp`` protocol: load, encode, comm, decode, result).
+
+    By default the input ``x`` is loaded as is and chunk ``r`` received decodes into slice ``r`` of ``y``
+    (chunks of ``m`` elements), the output."""
 
     has_codec = True
     recv: ChunkWire
+    x: torch.Tensor
+    y: torch.Tensor
+    m: int
 
     def __init__(self, codec: Codec, group: dist.ProcessGroup | None) -> None:
         self.codec = codec
@@ -136,6 +142,16 @@ class _ChunkedOp:
     def received(self) -> list[ReceivedChunk]:
         """The received chunks ``decode`` reads, for fault injection."""
         return self.recv.received()
+
+    def load(self, x: torch.Tensor) -> None:
+        self.x.copy_(x)
+
+    def decode(self) -> None:
+        for r in range(self.n):
+            self.recv.decode(r, self.y[r * self.m : (r + 1) * self.m])
+
+    def result(self) -> torch.Tensor:
+        return self.y
 
 
 class ChunkedAllGather(_ChunkedOp):
@@ -150,21 +166,11 @@ class ChunkedAllGather(_ChunkedOp):
         self.y = torch.empty(self.n * m, dtype=torch.float32, device=device)
         self.wire_bytes = self.recv.total_bytes()
 
-    def load(self, x: torch.Tensor) -> None:
-        self.x.copy_(x)
-
     def encode(self) -> None:
         self.send.encode(0, self.x)
 
     def comm(self) -> None:
         exchange(_ALL_GATHER, self.send, self.recv, self.group, async_op=False)
-
-    def decode(self) -> None:
-        for r in range(self.n):
-            self.recv.decode(r, self.y[r * self.m : (r + 1) * self.m])
-
-    def result(self) -> torch.Tensor:
-        return self.y
 
 
 class ChunkedAllToAll(_ChunkedOp):
@@ -181,9 +187,6 @@ class ChunkedAllToAll(_ChunkedOp):
         self.y = torch.empty(total, dtype=torch.float32, device=device)
         self.wire_bytes = self.send.total_bytes()
 
-    def load(self, x: torch.Tensor) -> None:
-        self.x.copy_(x)
-
     def encode(self) -> None:
         for i in range(self.n):
             self.send.encode(i, self.x[i * self.m : (i + 1) * self.m])
@@ -193,13 +196,6 @@ class ChunkedAllToAll(_ChunkedOp):
 
     def comm(self) -> None:
         self.exchange()
-
-    def decode(self) -> None:
-        for r in range(self.n):
-            self.recv.decode(r, self.y[r * self.m : (r + 1) * self.m])
-
-    def result(self) -> torch.Tensor:
-        return self.y
 
 
 class ChunkedReduceScatter(ChunkedAllToAll):

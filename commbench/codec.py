@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from commbench.collectives import Collective, Layout
-from commbench.precision import PointOp, Precision, register_precision
+from commbench.precision import PointOp, Precision, register_precision, resolve
 
 
 class Codec(ABC):
@@ -130,13 +130,7 @@ def codec_names() -> list[str]:
 def get_codec(name: str) -> Codec:
     """Resolve ``base[:option]`` to a codec, or raise ``ValueError`` naming the valid choices."""
     _load_plugins()
-    base, sep, option = name.strip().partition(":")
-    factory = _REGISTRY.get(base)
-    if factory is None:
-        raise ValueError(f"unknown codec {name!r}; valid choices: {', '.join(_REGISTRY)}")
-    if sep and not option:
-        raise ValueError(f"codec {name!r} has an empty option after ':'")
-    return factory(option if sep else None)
+    return resolve("codec", name, _REGISTRY)
 
 
 def _load_plugins() -> None:

@@ -459,12 +459,16 @@ def plan(
     mfu: float | None = None,
     overlap: float = OVERLAP,
     model: CostModel | str | os.PathLike[str] | None = None,
+    policies: Sequence[Policy] | None = None,
+    parts: StateParts = TORCH_ADAMW,
 ) -> pd.DataFrame:
     """One ranked row per (strategy, precision): memory per rank, bytes per step, predicted time.
 
     ``model``: a fitted CostModel, a model.json or a run directory (fitted here); None gives memory and bytes
     only. Bytes are per rank and per step (nccl-tests bus bytes). Options that do not exist (fp8 gradient
-    communication on FSDP) are listed in ``df.attrs["skipped"]``. ValueError for bad input.
+    communication on FSDP) are listed in ``df.attrs["skipped"]``. ``policies``: plan these training policies
+    instead of strategies x precisions (see :func:`plan_policies`; ``parts`` is their model state). ValueError
+    for bad input.
     """
     shape, opt = _validate(
         params, nodes, gpus_per_node, strategies, precisions, optimizer, layers, hidden, heads, seq, micro_batch,
@@ -472,9 +476,25 @@ def plan(
     )  # fmt: skip
     cost = _load_model(model)
     compute_s, tokens = _compute(shape, compute_ms, tflops, mfu)
-
-    rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
+    options = _policy_options(policies, parts) if policies is not None else _grid(strategies, precisions, opt, skipped)
+    rows = [
+        _row(strat, names, policy, shape, state, elem, cost, compute_s, tokens, overlap, device_memory)
+        for strat, names, policy, state, elem in options
+    ]
+    df = _rank(pd.DataFrame(rows, columns=list(COLUMNS)))
+    df.attrs["skipped"] = skipped
+    df.attrs["assumptions"] = assumptions(shape, opt, overlap, cost, compute_ms, tflops, mfu)
+    return df
+
+
+_Option = tuple[PlanStrategy, tuple[str, str], Policy, StateParts, float]
+"""(strategy, (strategy name, precision name), policy, model-state parts, activation bytes per element)."""
+
+
+def _grid(strategies: Sequence[str], precisions: Sequence[str], opt: Optimizer, skipped: dict[str, str]) -> list[_Option]:
+    """Every (strategy, precision) that exists; those that do not go to `skipped` with the reason."""
+    out: list[_Option] = []
     for sname in strategies:
         strat = STRATEGIES[sname]
         for pname in precisions:
@@ -485,15 +505,18 @@ def plan(
                 skipped[f"{sname}/{pname}"] = str(e)
                 continue
             parts = StateParts(prec.param_bytes, prec.grad_bytes, prec.master_bytes, opt.moment_bytes)
-            rows.append(
-                _row(strat, (sname, pname), policy, shape, parts, prec.activation_bytes, cost, compute_s, tokens,
-                     overlap, device_memory)
-            )  # fmt: skip
-    df = pd.DataFrame(rows, columns=list(COLUMNS))
-    df = _rank(df)
-    df.attrs["skipped"] = skipped
-    df.attrs["assumptions"] = assumptions(shape, opt, overlap, cost, compute_ms, tflops, mfu)
-    return df
+            out.append((strat, (sname, pname), policy, parts, prec.activation_bytes))
+    return out
+
+
+def _policy_options(policies: Sequence[Policy], parts: StateParts) -> list[_Option]:
+    """The training policies themselves, flat over all ranks, each named by its gradient-communication dtype."""
+    out: list[_Option] = []
+    for p in policies:
+        # compute dtype: autocast's, or the sharding's own (FSDP's param dtype); activations are kept in it
+        elem = min([d.itemsize for d in (p.autocast, *p.sharding.grad_dtypes()) if d is not None] or [4])
+        out.append((FlatStrategy(p.name, p.description, None), (p.name, p.comm_dtype), p, parts, elem))
+    return out
 
 
 def _compute(shape: Shape, compute_ms: float | None, tflops: float | None, mfu: float | None) -> tuple[float, float]:
@@ -507,45 +530,12 @@ def _compute(shape: Shape, compute_ms: float | None, tflops: float | None, mfu: 
     return compute_s, tokens
 
 
-def plan_policies(
-    policies: Sequence[Policy],
-    *,
-    params: float,
-    nodes: int = 1,
-    gpus_per_node: int = 8,
-    parts: StateParts = TORCH_ADAMW,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    seq: int | None = None,
-    micro_batch: int | None = None,
-    device_memory: float | None = None,
-    compute_ms: float | None = None,
-    overlap: float = OVERLAP,
-    model: CostModel | str | os.PathLike[str] | None = None,
-) -> pd.DataFrame:
+def plan_policies(policies: Sequence[Policy], **options: Any) -> pd.DataFrame:
     """The plan of training policies themselves (``training.policies``), flat over all ranks, with the model
-    state they keep (default: torch's, :data:`TORCH_ADAMW`): what the training suite measured, at any scale.
-    ``strategy`` is the policy name and ``precision`` its gradient-communication dtype."""
-    shape, _ = _validate(
-        params, nodes, gpus_per_node, ["ddp"], ["fp32"], "adam", layers, hidden, heads, seq, micro_batch,
-        device_memory, compute_ms, None, None, overlap,
-    )  # fmt: skip
-    cost = _load_model(model)
-    compute_s, tokens = _compute(shape, compute_ms, None, None)
-    rows = []
-    for p in policies:
-        strat = FlatStrategy(p.name, p.description, None)
-        # compute dtype: autocast's, or the sharding's own (FSDP's param dtype); activations are kept in it
-        elem = min([d.itemsize for d in (p.autocast, *p.sharding.grad_dtypes()) if d is not None] or [4])
-        rows.append(
-            _row(strat, (p.name, p.comm_dtype), p, shape, parts, elem, cost, compute_s, tokens, overlap,
-                 device_memory)
-        )  # fmt: skip
-    df = _rank(pd.DataFrame(rows, columns=list(COLUMNS)))
-    df.attrs["skipped"] = {}
-    df.attrs["assumptions"] = assumptions(shape, OPTIMIZERS["adam"], overlap, cost, compute_ms, None, None)
-    return df
+    state they keep (``parts=``, default: torch's, :data:`TORCH_ADAMW`): what the training suite measured, at
+    any scale. ``strategy`` is the policy name and ``precision`` its gradient-communication dtype; the other
+    keywords are :func:`plan`'s."""
+    return plan(policies=policies, **options)
 
 
 COLUMNS = {

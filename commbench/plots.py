@@ -378,26 +378,30 @@ def _per_collective_lines(
     return fig
 
 
-def _speed_lines(run: RunData, **kw: Any) -> Figure | None:
-    """`_per_collective_lines` over the primary payload's rows, or None when they hold no `y` values."""
-    df = speed_rows(run.results)
-    if df.empty or not has_values(df, kw["y"]):
-        return None
-    return _per_collective_lines(run, df, **kw)
+def _speed_figure(name: str, caption: str, doc: str, **kw: Any) -> Callable[[RunData], Figure | None]:
+    """Register figure `name`: `_per_collective_lines(**kw)` over the primary payload's rows, or None when they
+    hold no `y` values. The figures that differ only in their columns and labels are one call each."""
+
+    def build(run: RunData) -> Figure | None:
+        df = speed_rows(run.results)
+        if df.empty or not has_values(df, kw["y"]):
+            return None
+        return _per_collective_lines(run, df, **kw)
+
+    build.__name__ = build.__qualname__ = f"fig_{name}"
+    build.__doc__ = doc
+    return FIGURES.register(name, caption)(build)
 
 
-@FIGURES.register(
+fig_busbw = _speed_figure(
     "busbw",
     "Bus bandwidth vs message size (nccl-tests busbw, log scale), one line per precision; the shaded band is "
     "the 95 % confidence interval.",
-)
-def fig_busbw(run: RunData) -> Figure | None:
-    """busbw vs message size per collective, one line per precision, log y with the interval as a band."""
-    return _speed_lines(
-        run, x="size_bytes", y="busbw_gbps", xlabel="message size (nccl-tests size, bytes on the wire)",
-        ylabel="bus bandwidth", title="Bus bandwidth vs message size", log_y=True, y_unit=human_rate,
-        band=("busbw_ci_low_gbps", "busbw_ci_high_gbps"),
-    )  # fmt: skip
+    "busbw vs message size per collective, one line per precision, log y with the interval as a band.",
+    x="size_bytes", y="busbw_gbps", xlabel="message size (nccl-tests size, bytes on the wire)",
+    ylabel="bus bandwidth", title="Bus bandwidth vs message size", log_y=True, y_unit=human_rate,
+    band=("busbw_ci_low_gbps", "busbw_ci_high_gbps"),
+)  # fmt: skip
 
 
 @FIGURES.register(
@@ -456,14 +460,13 @@ def fig_effective(run: RunData) -> Figure | None:
     return fig
 
 
-@FIGURES.register("latency", "Time per operation vs message size (log-log), with its 95 % interval as a band.")
-def fig_latency(run: RunData) -> Figure | None:
-    """Latency (time per op) vs message size, log-log, per collective."""
-    return _speed_lines(
-        run, x="size_bytes", y="time_us", xlabel="message size (bytes on the wire)",
-        ylabel="time per op", title="Latency vs message size", log_y=True, y_unit=human_time,
-        band=("time_ci_low_us", "time_ci_high_us"),
-    )  # fmt: skip
+fig_latency = _speed_figure(
+    "latency",
+    "Time per operation vs message size (log-log), with its 95 % interval as a band.",
+    "Latency (time per op) vs message size, log-log, per collective.",
+    x="size_bytes", y="time_us", xlabel="message size (bytes on the wire)", ylabel="time per op",
+    title="Latency vs message size", log_y=True, y_unit=human_time, band=("time_ci_low_us", "time_ci_high_us"),
+)  # fmt: skip
 
 
 @FIGURES.register(

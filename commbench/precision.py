@@ -17,9 +17,9 @@ Each phase is repeatable so the timing core can run it k times back to back.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -174,7 +174,16 @@ class _CastOp:
         return split_received(self.wire_out, dist.get_world_size(self._group))
 
 
-class NativePrecision(Precision):
+class _CastPrecision(Precision):
+    """A precision the collective runs on as a plain torch dtype: the input cast to the wire dtype and back."""
+
+    def make_op(
+        self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        return _CastOp(collective, layout, self.input_dtype, self.wire_dtype, group, device)
+
+
+class NativePrecision(_CastPrecision):
     """The user's tensor already is in this dtype; the collective runs on it directly."""
 
     impl = "native"
@@ -185,13 +194,8 @@ class NativePrecision(Precision):
         self.wire_dtype = dtype
         self.description = description
 
-    def make_op(
-        self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
-    ) -> PointOp:
-        return _CastOp(collective, layout, self.input_dtype, self.wire_dtype, group, device)
 
-
-class CompressPrecision(Precision):
+class CompressPrecision(_CastPrecision):
     """An fp32 tensor cast to a 16-bit dtype for the wire and back (what DDP's compress hooks do)."""
 
     impl = "cast"
@@ -201,11 +205,6 @@ class CompressPrecision(Precision):
         self.name = name
         self.wire_dtype = wire_dtype
         self.description = description
-
-    def make_op(
-        self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
-    ) -> PointOp:
-        return _CastOp(collective, layout, self.input_dtype, self.wire_dtype, group, device)
 
 
 PrecisionFactory = Callable[[str | None], Precision]
@@ -268,10 +267,19 @@ def precision_help() -> dict[str, str]:
 def get_precision(name: str) -> Precision:
     """Resolve ``base[:option]`` to a precision, or raise ``ValueError`` naming the valid choices."""
     _load_plugins()
+    return resolve("precision", name, _REGISTRY)
+
+
+_T = TypeVar("_T")
+
+
+def resolve(kind: str, name: str, registry: Mapping[str, Callable[[str | None], _T]]) -> _T:
+    """Build ``base[:option]`` with ``registry[base]`` (the option, or None without a colon); a ``ValueError``
+    names the valid choices (``kind``: the word for the messages). The precision and codec registries share it."""
     base, sep, option = name.strip().partition(":")
-    factory = _REGISTRY.get(base)
+    factory = registry.get(base)
     if factory is None:
-        raise ValueError(f"unknown precision {name!r}; valid choices: {', '.join(_REGISTRY)}")
+        raise ValueError(f"unknown {kind} {name!r}; valid choices: {', '.join(registry)}")
     if sep and not option:
-        raise ValueError(f"precision {name!r} has an empty option after ':'")
+        raise ValueError(f"{kind} {name!r} has an empty option after ':'")
     return factory(option if sep else None)

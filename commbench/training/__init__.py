@@ -11,7 +11,6 @@ Public API (used by the suite runner):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from commbench.training.config import TrainingConfig
@@ -19,22 +18,15 @@ from commbench.training.policies import list_policies
 from commbench.training.tables import bf16_vs_fp16, gain_table
 
 if TYPE_CHECKING:
-    import torch
-
-    from commbench.training.records import TrainingStep, TrainingSummary
+    from commbench.training.runner import run_training
 
 __all__ = ["TrainingConfig", "bf16_vs_fp16", "gain_table", "list_policies", "run_training"]
 
 
-def run_training(
-    section: TrainingConfig | Mapping[str, Any],
-    *,
-    device: torch.device,
-    on_policy_done: Callable[[list[TrainingSummary], list[TrainingStep]], None] | None = None,
-    skip: Collection[str] = (),
-    hosts: Sequence[str] | None = None,
-) -> tuple[list[TrainingSummary], list[TrainingStep]]:
-    """Run every policy of a `[training]` section (see `commbench.training.runner.run_training`)."""
-    from commbench.training.runner import run_training as _run
+def __getattr__(name: str) -> Any:
+    """`run_training`, imported on first use (PEP 562): the runner's own function, not a copy of its signature."""
+    if name == "run_training":
+        from commbench.training.runner import run_training
 
-    return _run(section, device=device, on_policy_done=on_policy_done, skip=skip, hosts=hosts)
+        return run_training
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

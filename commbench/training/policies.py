@@ -38,6 +38,7 @@ ZeRO stages in torch (family "zero"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -142,52 +143,36 @@ class Policy:
 
 BF16, FP16 = torch.bfloat16, torch.float16
 
+# One constructor per large family: its rows then differ only in what makes each policy itself.
+_ddp, _zero = partial(Policy, family="ddp"), partial(Policy, family="zero")
+
+
+def _bf16_params(family: str, label: str, sharding: type[FSDP2], reduces: str) -> tuple[Policy, ...]:
+    """`{family}_bf16_fp32reduce` and `{family}_bf16`: bf16 parameters, gradients reduced in fp32, then in bf16."""
+    return tuple(
+        Policy(
+            name=f"{family}_bf16{suffix}",
+            family=family,
+            description=f"{label}, params bf16, {reduces} {SHORT[reduce_dtype]}",
+            sharding=sharding(param_dtype=BF16, reduce_dtype=reduce_dtype),
+        )
+        for suffix, reduce_dtype in (("_fp32reduce", torch.float32), ("", BF16))
+    )
+
+
 _POLICIES: tuple[Policy, ...] = (
-    Policy(name="fp32", family="ddp", description="DDP, fp32 compute and all-reduce (baseline)"),
-    Policy(name="amp_bf16", family="ddp", description="DDP, autocast bf16", autocast=BF16),
-    Policy(
-        name="amp_fp16",
-        family="ddp",
-        description="DDP, autocast fp16 + GradScaler",
-        autocast=FP16,
-        loss_scaling=GradScaling(),
-    ),
-    Policy(
-        name="amp_fp16_noscaler",
-        family="ddp",
-        description="DDP, autocast fp16 without loss scaling (pitfall)",
-        autocast=FP16,
-    ),
-    Policy(
-        name="fp16_hook",
-        family="ddp",
-        description="DDP, fp32 compute, fp16 gradient all-reduce hook",
-        grad_comm=CastHook(FP16),
-    ),
-    Policy(
-        name="bf16_hook",
-        family="ddp",
-        description="DDP, fp32 compute, bf16 gradient all-reduce hook",
-        grad_comm=CastHook(BF16),
-    ),
-    Policy(
+    _ddp(name="fp32", description="DDP, fp32 compute and all-reduce (baseline)"),
+    _ddp(name="amp_bf16", description="DDP, autocast bf16", autocast=BF16),
+    _ddp(name="amp_fp16", description="DDP, autocast fp16 + GradScaler", autocast=FP16, loss_scaling=GradScaling()),
+    _ddp(name="amp_fp16_noscaler", description="DDP, autocast fp16 without loss scaling (pitfall)", autocast=FP16),
+    _ddp(name="fp16_hook", description="DDP, fp32 compute, fp16 gradient all-reduce hook", grad_comm=CastHook(FP16)),
+    _ddp(name="bf16_hook", description="DDP, fp32 compute, bf16 gradient all-reduce hook", grad_comm=CastHook(BF16)),
+    _ddp(
         name="fp8_hook",
-        family="ddp",
         description="DDP, fp32 compute, fp8 e4m3 (scaled) gradient reduction hook",
         grad_comm=CodecHook("fp8_e4m3"),
     ),
-    Policy(
-        name="fsdp2_bf16_fp32reduce",
-        family="fsdp2",
-        description="FSDP2, params bf16, reduce-scatter fp32",
-        sharding=FSDP2(param_dtype=BF16, reduce_dtype=torch.float32),
-    ),
-    Policy(
-        name="fsdp2_bf16",
-        family="fsdp2",
-        description="FSDP2, params bf16, reduce-scatter bf16",
-        sharding=FSDP2(param_dtype=BF16, reduce_dtype=BF16),
-    ),
+    *_bf16_params("fsdp2", "FSDP2", FSDP2, "reduce-scatter"),
     Policy(
         name="fsdp2_fp16_scaler",
         family="fsdp2",
@@ -201,54 +186,34 @@ _POLICIES: tuple[Policy, ...] = (
         description="HSDP (FSDP2, shard within a node, replicate across nodes), fp32",
         sharding=HSDP(),
     ),
-    Policy(
-        name="hsdp_bf16_fp32reduce",
-        family="hsdp",
-        description="HSDP, params bf16, gradient reduce-scatter and cross-node all-reduce fp32",
-        sharding=HSDP(param_dtype=BF16, reduce_dtype=torch.float32),
-    ),
-    Policy(
-        name="hsdp_bf16",
-        family="hsdp",
-        description="HSDP, params bf16, gradient reduce-scatter and cross-node all-reduce bf16",
-        sharding=HSDP(param_dtype=BF16, reduce_dtype=BF16),
-    ),
+    *_bf16_params("hsdp", "HSDP", HSDP, "gradient reduce-scatter and cross-node all-reduce"),
     Policy(
         name="fsdp1_bf16",
         family="fsdp1",
         description="FSDP1 FULL_SHARD, MixedPrecision(param bf16, reduce fp32, buffers bf16)",
         sharding=FSDP1(param_dtype=BF16, reduce_dtype=torch.float32, buffer_dtype=BF16),
     ),
-    Policy(
-        name="zero1_fp32",
-        family="zero",
-        description="ZeRO-1: ZeroRedundancyOptimizer + DDP, fp32",
-        sharding=ZeRO1(),
-    ),
-    Policy(
+    _zero(name="zero1_fp32", description="ZeRO-1: ZeroRedundancyOptimizer + DDP, fp32", sharding=ZeRO1()),
+    _zero(
         name="zero1_bf16",
-        family="zero",
         description="ZeRO-1: ZeroRedundancyOptimizer + DDP, autocast bf16, bf16 hook",
         sharding=ZeRO1(),
         autocast=BF16,
         grad_comm=CastHook(BF16),
     ),
-    Policy(
+    _zero(
         name="zero2_fp32",
-        family="zero",
         description="ZeRO-2: FSDP1 SHARD_GRAD_OP, fp32",
         sharding=FSDP1(reshard_after_forward=False),
     ),
-    Policy(
+    _zero(
         name="zero2_bf16",
-        family="zero",
         description="ZeRO-2: FSDP1 SHARD_GRAD_OP, params/reduce bf16",
         sharding=FSDP1(reshard_after_forward=False, param_dtype=BF16, reduce_dtype=BF16),
     ),
-    Policy(name="zero3_fp32", family="zero", description="ZeRO-3: FSDP1 FULL_SHARD, fp32", sharding=FSDP1()),
-    Policy(
+    _zero(name="zero3_fp32", description="ZeRO-3: FSDP1 FULL_SHARD, fp32", sharding=FSDP1()),
+    _zero(
         name="zero3_bf16",
-        family="zero",
         description="ZeRO-3: FSDP1 FULL_SHARD, params/reduce bf16",
         sharding=FSDP1(param_dtype=BF16, reduce_dtype=BF16),
     ),

@@ -352,6 +352,17 @@ NO_SCALING = NoLossScaling()
 # --- sharding ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class World:
+    """What the byte formulas are asked about: Psi, the ranks and nodes, DDP's hook and the model's layout."""
+
+    psi: float
+    world_size: int
+    grad_comm: GradComm = ALL_REDUCE
+    layout: Layout = NO_LAYOUT
+    nodes: int = 1
+
+
 class Sharding(ABC):
     """How the model and its optimizer are replicated or sharded over the ranks."""
 
@@ -365,7 +376,6 @@ class Sharding(ABC):
     node_mesh: bool = False
     """Wraps on a (nodes x ranks-per-node) mesh: needs node-major rank order and as many ranks on every node."""
 
-    @abstractmethod
     def wrap(
         self,
         model: nn.Module,
@@ -377,34 +387,39 @@ class Sharding(ABC):
         nodes: int = 1,
     ) -> tuple[nn.Module, Any]:
         """(wrapped model, optimizer) for `model` already on `device`."""
+        wrapped = self._wrap(model, device, World(0.0, world_size, grad_comm, nodes=nodes))
+        return wrapped, self._optimizer(list(wrapped.parameters()), lr)
 
     @abstractmethod
+    def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
+        """`model` wrapped for `world` (its `psi` unused; `grad_comm` installed where the wrapper takes hooks)."""
+
+    def _optimizer(self, params: list[Any], lr: float) -> Any:
+        return torch.optim.AdamW(params, lr=lr)
+
     def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        layout: Layout = NO_LAYOUT,
-        nodes: int = 1,
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT, nodes: int = 1
     ) -> dict[str, float]:
         """Bus bytes per step by "op:dtype" on `world_size` ranks over `nodes` nodes. An empty `layout` means
         "from Psi alone"."""
+        return self._comm_bytes(World(psi, world_size, grad_comm, layout, nodes)) if world_size > 1 else {}
 
     def comm_by_link(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        layout: Layout = NO_LAYOUT,
-        nodes: int = 1,
+        self, *, psi: float, world_size: int, grad_comm: GradComm = ALL_REDUCE, layout: Layout = NO_LAYOUT, nodes: int = 1
     ) -> dict[str, dict[str, float]]:
         """`comm_bytes` split by link: {INTRA: bytes of collectives whose group stays on one node, INTER: those
-        whose group spans nodes}. Here every collective runs on the whole world, so all of it crosses nodes
-        as soon as there are two: a ring over the world is as slow as its inter-node edges."""
-        total = self.comm_bytes(psi=psi, world_size=world_size, grad_comm=grad_comm, layout=layout, nodes=nodes)
-        return {INTRA: {}, INTER: total} if nodes > 1 else {INTRA: total, INTER: {}}
+        whose group spans nodes}."""
+        return self._comm_by_link(World(psi, world_size, grad_comm, layout, nodes))
+
+    @abstractmethod
+    def _comm_bytes(self, w: World) -> dict[str, float]:
+        """`comm_bytes` on two ranks or more."""
+
+    def _comm_by_link(self, w: World) -> dict[str, dict[str, float]]:
+        """Here every collective runs on the whole world, so all of it crosses nodes as soon as there are two:
+        a ring over the world is as slow as its inter-node edges."""
+        total = self._comm_bytes(w) if w.world_size > 1 else {}
+        return {INTRA: {}, INTER: total} if w.nodes > 1 else {INTRA: total, INTER: {}}
 
     @abstractmethod
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
@@ -444,16 +459,7 @@ class DDP(Sharding):
     shards_grads: bool = False
     takes_hooks: bool = True
 
-    def wrap(
-        self,
-        model: nn.Module,
-        *,
-        device: torch.device,
-        lr: float,
-        world_size: int,
-        grad_comm: GradComm,
-        nodes: int = 1,
-    ) -> tuple[nn.Module, Any]:
+    def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(
@@ -463,31 +469,18 @@ class DDP(Sharding):
             else None,
             gradient_as_bucket_view=True,  # grads are views of the buckets: no second 4*Psi copy
         )
-        grad_comm.register(ddp)
-        return ddp, self._optimizer(list(ddp.parameters()), lr)
-
-    def _optimizer(self, params: list[Any], lr: float) -> Any:
-        return torch.optim.AdamW(params, lr=lr)
+        world.grad_comm.register(ddp)
+        return ddp
 
     def bucket_numels(self, wrapped: nn.Module) -> list[int]:
         data = wrapped._get_ddp_logging_data()  # type: ignore[operator]
         sizes = str(data.get("bucket_sizes", "")).replace(" ", "")
         return [int(s) // 4 for s in sizes.split(",") if s]  # bytes of fp32 buckets
 
-    def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        layout: Layout = NO_LAYOUT,
-        nodes: int = 1,
-    ) -> dict[str, float]:
-        if world_size <= 1:
-            return {}
-        out = grad_comm.comm_bytes(psi=psi, world_size=world_size, bucket_numels=layout.bucket_numels)
-        for key, nbytes in layout.buffer_bytes.items():  # DDP re-broadcasts buffers from rank 0 every forward
-            _add(out, f"broadcast:{key}", nbytes * bus_factor("broadcast", world_size))
+    def _comm_bytes(self, w: World) -> dict[str, float]:
+        out = w.grad_comm.comm_bytes(psi=w.psi, world_size=w.world_size, bucket_numels=w.layout.bucket_numels)
+        for key, nbytes in w.layout.buffer_bytes.items():  # DDP re-broadcasts buffers from rank 0 every forward
+            _add(out, f"broadcast:{key}", nbytes * bus_factor("broadcast", w.world_size))
         return out
 
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
@@ -503,18 +496,10 @@ class ZeRO1(DDP):
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
 
-    def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        layout: Layout = NO_LAYOUT,
-        nodes: int = 1,
-    ) -> dict[str, float]:
-        out = DDP.comm_bytes(self, psi=psi, world_size=world_size, grad_comm=grad_comm, layout=layout)
-        if world_size > 1:  # each owner broadcasts its updated fp32 parameters
-            _add(out, "broadcast:float", psi * 4 * bus_factor("broadcast", world_size))
+    def _comm_bytes(self, w: World) -> dict[str, float]:
+        out = DDP._comm_bytes(self, w)
+        # each owner broadcasts its updated fp32 parameters
+        _add(out, "broadcast:float", w.psi * 4 * bus_factor("broadcast", w.world_size))
         return out
 
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
@@ -562,24 +547,14 @@ class _Fsdp(Sharding):
                 out.append(FsdpUnit(size, pd, rd, 2 if self.reshard_after_forward and not u.root else 1))
         return out
 
-    def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        layout: Layout = NO_LAYOUT,
-        nodes: int = 1,
-    ) -> dict[str, float]:
+    def _comm_bytes(self, w: World) -> dict[str, float]:
         """Per unit: all_gather of the param-dtype shards (again for backward when resharded after
         forward; the root stays gathered) and a reduce-scatter in the reduce dtype. Without units, one
         resharded unit of Psi elements (the root's share of a large model is negligible)."""
-        n = world_size
-        if n <= 1:
-            return {}
+        n = w.world_size
         ag, rs = bus_factor("all_gather", n), bus_factor("reduce_scatter", n)
         out: dict[str, float] = {}
-        for u in self.units(layout.units or (UnitShape(((int(psi),),)),), n):
+        for u in self.units(w.layout.units or (UnitShape(((int(w.psi),),)),), n):
             _add(
                 out,
                 f"all_gather:{dtype_name(u.param_dtype)}",
@@ -613,16 +588,7 @@ class FSDP1(_Fsdp):
         # one flat parameter per unit, padded to a multiple of n
         return -(-sum(_numel(s) for s in shapes) // world_size)
 
-    def wrap(
-        self,
-        model: nn.Module,
-        *,
-        device: torch.device,
-        lr: float,
-        world_size: int,
-        grad_comm: GradComm,
-        nodes: int = 1,
-    ) -> tuple[nn.Module, Any]:
+    def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -632,7 +598,7 @@ class FSDP1(_Fsdp):
             mp = MixedPrecision(
                 param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype, buffer_dtype=self.buffer_dtype
             )
-        fsdp = FullyShardedDataParallel(
+        return FullyShardedDataParallel(
             model,
             device_id=device,
             auto_wrap_policy=ModuleWrapPolicy(block_types) if block_types else None,
@@ -641,7 +607,6 @@ class FSDP1(_Fsdp):
             else ShardingStrategy.SHARD_GRAD_OP,
             mixed_precision=mp,
         )
-        return fsdp, torch.optim.AdamW(fsdp.parameters(), lr=lr)
 
 
 @dataclass(frozen=True, slots=True)
@@ -659,19 +624,10 @@ class FSDP2(_Fsdp):
 
         return init_device_mesh(device.type, (world_size,))
 
-    def wrap(
-        self,
-        model: nn.Module,
-        *,
-        device: torch.device,
-        lr: float,
-        world_size: int,
-        grad_comm: GradComm,
-        nodes: int = 1,
-    ) -> tuple[nn.Module, Any]:
+    def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = self._mesh(device, world_size, nodes)
+        mesh = self._mesh(device, world.world_size, world.nodes)
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
         # None = FSDP2's default: reshard blocks after forward, keep the root gathered (the formula assumes it).
         reshard = None if self.reshard_after_forward else False
@@ -684,7 +640,7 @@ class FSDP2(_Fsdp):
         for block in blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        return model, torch.optim.AdamW(model.parameters(), lr=lr)
+        return model
 
 
 @dataclass(frozen=True, slots=True)
@@ -711,39 +667,19 @@ class HSDP(FSDP2):
         # as torchrun, srun and mpirun's by-node defaults number them; the runner checks it).
         return init_device_mesh(device.type, self.split(world_size, nodes), mesh_dim_names=("replicate", "shard"))
 
-    def comm_by_link(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        layout: Layout = NO_LAYOUT,
-        nodes: int = 1,
-    ) -> dict[str, dict[str, float]]:
-        r, g = self.split(world_size, nodes)
-        intra = _Fsdp.comm_bytes(self, psi=psi, world_size=g, layout=layout)
+    def _comm_by_link(self, w: World) -> dict[str, dict[str, float]]:
+        r, g = self.split(w.world_size, w.nodes)
+        intra = _Fsdp._comm_bytes(self, World(w.psi, g, layout=w.layout)) if g > 1 else {}
         inter: dict[str, float] = {}
         ar = bus_factor("all_reduce", r)
-        for u in self.units(layout.units or (UnitShape(((int(psi),),)),), g):
+        for u in self.units(w.layout.units or (UnitShape(((int(w.psi),),)),), g):
             _add(inter, f"all_reduce:{dtype_name(u.reduce_dtype)}", ar * u.shard_numel * u.reduce_dtype.itemsize)
         if r == 1:  # one node: the replicate group is that node's own ranks
             intra, inter = merge_bytes(intra, inter), {}
         return {INTRA: intra, INTER: inter}
 
-    def comm_bytes(
-        self,
-        *,
-        psi: float,
-        world_size: int,
-        grad_comm: GradComm = ALL_REDUCE,
-        layout: Layout = NO_LAYOUT,
-        nodes: int = 1,
-    ) -> dict[str, float]:
-        if world_size <= 1:
-            return {}
-        return merge_bytes(
-            *self.comm_by_link(psi=psi, world_size=world_size, grad_comm=grad_comm, layout=layout, nodes=nodes).values()
-        )
+    def _comm_bytes(self, w: World) -> dict[str, float]:
+        return merge_bytes(*self._comm_by_link(w).values())
 
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
         """FSDP2's figure with the model sharded over one node's ranks (every node keeps a full copy)."""
