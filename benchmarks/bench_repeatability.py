@@ -68,8 +68,9 @@ def aa(out: Path) -> None:
     for r in rf[sig].itertuples():
         print(f"   significant: {r.collective} {r.precision} {r.size_bytes} B ratio {r.time_ratio:.3f} "
               f"[{r.time_ratio_ci_low:.3f}-{r.time_ratio_ci_high:.3f}]")  # fmt: skip
-    ca, cb = (load_crossover(out / n).set_index(["collective", "payload", "precision"]) for n in ("a", "b"))
-    both = ca.join(cb, lsuffix="_a", rsuffix="_b", how="inner")
+    keys = ["collective", "payload", "group", "precision"]
+    ca, cb = (load_crossover(out / n) for n in ("a", "b"))
+    both = ca.merge(cb, on=keys, suffixes=("_a", "_b"), how="inner").set_index(keys)
     agree = disagree = 0
     for key, r in both.iterrows():
         sa, sb = pd.notna(r["crossover_bytes_a"]), pd.notna(r["crossover_bytes_b"])
@@ -77,7 +78,7 @@ def aa(out: Path) -> None:
             same = int(r["crossover_bytes_a"]) == int(r["crossover_bytes_b"])
             agree += same
             disagree += not same
-            print(f"   crossover {key[0]} {key[2]}: a {int(r['crossover_bytes_a'])} B, b {int(r['crossover_bytes_b'])} B"
+            print(f"   crossover {key[0]} {key[3]}: a {int(r['crossover_bytes_a'])} B, b {int(r['crossover_bytes_b'])} B"
                   f" {'(agree)' if same else '(DISAGREE)'}")  # fmt: skip
     verdicts = (both["note_a"].fillna("") + "|" + both["note_b"].fillna("")).value_counts()
     print(f"crossovers both runs call significant: {agree} agree, {disagree} disagree; "
