@@ -669,7 +669,7 @@ def fit(
     df, names = _frames(sources)
     if "group" not in df.columns:
         df["group"] = "world"
-    df["group"] = df["group"].fillna("world").astype(str)
+    df["group"] = df["group"].astype(object).where(df["group"].notna(), "world").astype(str)
     bad_groups = sorted(set(df["group"]) - set(GROUPS))
     if bad_groups:
         raise ValueError(f"unknown group(s) {', '.join(bad_groups)}; known: {', '.join(GROUPS)}")
