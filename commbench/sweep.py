@@ -31,7 +31,7 @@ from commbench.launch import Dist
 from commbench.precision import Precision, get_precision
 from commbench.raw_codec import NAME as ALGORITHM_BASELINE
 from commbench.records import CollectivePoint, RankPoint
-from commbench.timing import Rounds, bandwidth_gbps, measure_rounds, percentile
+from commbench.timing import Rounds, Stats, bandwidth_gbps, measure_rounds
 
 BASELINE = "fp32"
 """Every gain is against this precision at the same size (when the suite runs it)."""
@@ -266,11 +266,8 @@ class Sweep:
         scale = total_s / per_round.value if per_round.value > 0 else float("nan")
         total = stats.Estimate(total_s, per_round.low * scale, per_round.high * scale, per_round.n, per_round.coverage)
         per_rank = r.samples[c][comm_phase]
-        medians = [statistics.median(x) for x in per_rank]
+        pooled = Stats.from_ranks(per_rank)  # p50/p95/cv over every sample of every rank, rank spread
         slowest = statistics.median(max(vals) for vals in zip(*per_rank, strict=True))
-        pooled = [v for x in per_rank for v in x]
-        mean = statistics.fmean(pooled)
-        cv = statistics.pstdev(pooled) / mean if mean > 0 and len(pooled) > 1 else 0.0
         bus = coll.bus_factor(sg.size)
         fp32_bytes = layout.total * 4
 
@@ -306,10 +303,10 @@ class Sweep:
             time_ci_low_us=us(comm.low),
             time_ci_high_us=us(comm.high),
             time_us_max=us(max(slowest, comm.value)),
-            p50_us=us(percentile(pooled, 50)),
-            p95_us=us(percentile(pooled, 95)),
-            cv=cv,
-            rank_spread=max(medians) / min(medians) - 1.0 if min(medians) > 0 else 0.0,
+            p50_us=pooled.p50_us,
+            p95_us=pooled.p95_us,
+            cv=pooled.cv,
+            rank_spread=pooled.rank_spread,
             iters=r.iters[c][comm_phase],
             samples=r.rounds,
             ci_coverage=comm.coverage,

@@ -254,7 +254,8 @@ class Stats:
 
     ``time_us`` is nccl-tests' convention: the mean over ranks of each rank's median; ``time_us_max`` the
     slowest rank's median; p50/p95/cv pool every sample of every rank; ``rank_spread`` is slowest over
-    fastest rank median minus one.
+    fastest rank median minus one. The sweep takes p50/p95/cv/rank_spread from here; its time and interval
+    come from the per-sample means of :mod:`commbench.stats`.
     """
 
     time_us: float
