@@ -215,18 +215,21 @@ def _heterogeneity(logr: np.ndarray, se: np.ndarray) -> float:
 
 
 def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) -> pd.DataFrame:
-    """One row per aligned point and run B: time B/A with its 95 % interval and whether it is significant.
+    """One row per aligned point and run B: time B/A with its interval and whether it is significant.
 
     Each run's interval of the point's time is combined in log space (`stats.ratio_of`), widened by the
-    family's between-point heterogeneity (`_heterogeneity`); a ratio is significant when its interval
-    excludes 1 (and ``[1/(1+min_effect), 1+min_effect]``). Points without intervals (nccl-tests imports)
-    get a ratio but no verdict.
+    family's between-point heterogeneity (`_heterogeneity`). The ratios of one run B are then judged together
+    (`stats.adjust_many`: Benjamini-Hochberg at a 5 % false discovery rate, with false-coverage-rate intervals),
+    so that a hundred points of two identical runs do not yield five "differences" by chance. A ratio is
+    significant when its adjusted interval excludes 1 (and ``[1/(1+min_effect), 1+min_effect]``). Points without
+    intervals (nccl-tests imports) get a ratio but no verdict.
     """
     a = labels[0]
     rows: list[dict[str, Any]] = []
     if al.empty:
         return pd.DataFrame(columns=COMPARE_COLUMNS)
     for b in labels[1:]:
+        points: list[tuple[Any, Any, Any, Any, float, float]] = []  # (coll, prec, grp, row, log ratio, total se)
         for (coll, prec, grp), g in al.groupby(["collective", "precision", "group"], sort=False):
             g = g.sort_values("size_bytes")
             ests = [stats.ratio_of(_estimate(r, b), _estimate(r, a)) for _, r in g.iterrows()]
@@ -236,43 +239,48 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
             )
             tau2 = _heterogeneity(logr, se)
             for (_, r), lr, s_ in zip(g.iterrows(), logr, se, strict=True):
-                ta, tb = float(r.get(f"time_us|{a}", math.nan)), float(r.get(f"time_us|{b}", math.nan))
-                ratio = tb / ta if ta > 0 else math.nan
-                if math.isfinite(s_):
-                    half = stats.Z95 * math.sqrt(s_**2 + tau2)
-                    est = stats.Estimate(math.exp(lr), math.exp(lr - half), math.exp(lr + half), 0)
-                    sig: bool | None = stats.significant(est, min_effect)
-                    lo, hi = est.low, est.high
-                else:
-                    sig, lo, hi = None, math.nan, math.nan
-                if sig is None:
-                    verdict = "no interval"
-                elif not sig:
-                    verdict = "no significant difference"
-                else:
-                    verdict = f"{b} faster" if hi < 1 else f"{b} slower"
-                rows.append(
-                    {
-                        "collective": coll, "precision": prec, "group": grp, "size_bytes": int(r["size_bytes"]),
-                        "baseline": a, "run": b, "time_us_baseline": ta, "time_us_run": tb,
-                        "time_ratio": ratio, "time_ratio_ci_low": lo, "time_ratio_ci_high": hi,
-                        "busbw_ratio": 1.0 / ratio if ratio > 0 else math.nan,
-                        "significant": sig, "verdict": verdict,
-                    }
-                )  # fmt: skip
+                points.append((coll, prec, grp, r, float(lr), math.sqrt(s_**2 + tau2)))
+        adj = stats.adjust_many([p[4] for p in points], [p[5] for p in points])
+        for (coll, prec, grp, r, lr, se_), chosen, pv in zip(points, adj.selected, adj.p_values, strict=True):
+            ta, tb = float(r.get(f"time_us|{a}", math.nan)), float(r.get(f"time_us|{b}", math.nan))
+            ratio = tb / ta if ta > 0 else math.nan
+            if math.isfinite(se_):
+                est = stats.Estimate(math.exp(lr), math.exp(lr - adj.z * se_), math.exp(lr + adj.z * se_), 0)
+                sig: bool | None = chosen and stats.significant(est, min_effect)
+                lo, hi = est.low, est.high
+            else:
+                sig, lo, hi = None, math.nan, math.nan
+            if sig is None:
+                verdict = "no interval"
+            elif not sig:
+                verdict = "no significant difference"
+            else:
+                verdict = f"{b} faster" if hi < 1 else f"{b} slower"
+            rows.append(
+                {
+                    "collective": coll, "precision": prec, "group": grp, "size_bytes": int(r["size_bytes"]),
+                    "baseline": a, "run": b, "time_us_baseline": ta, "time_us_run": tb,
+                    "time_ratio": ratio, "time_ratio_ci_low": lo, "time_ratio_ci_high": hi,
+                    "busbw_ratio": 1.0 / ratio if ratio > 0 else math.nan, "p_value": pv, "n_compared": adj.m,
+                    "significant": sig, "verdict": verdict,
+                }
+            )  # fmt: skip
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
 COMPARE_COLUMNS = [
     "collective", "precision", "group", "size_bytes", "baseline", "run", "time_us_baseline", "time_us_run",
-    "time_ratio", "time_ratio_ci_low", "time_ratio_ci_high", "busbw_ratio", "significant", "verdict",
+    "time_ratio", "time_ratio_ci_low", "time_ratio_ci_high", "busbw_ratio", "p_value", "n_compared", "significant",
+    "verdict",
 ]  # fmt: skip
-"""Columns of compare.csv: time_ratio = run / baseline (< 1: the run is faster), with its 95 % interval."""
+"""Columns of compare.csv: time_ratio = run / baseline (< 1: the run is faster) with its interval, adjusted for
+the ``n_compared`` ratios judged together (false-coverage-rate interval after Benjamini-Hochberg at 5 %); p_value
+is the ratio's own two-sided p-value before adjustment."""
 
 
 def significance_table(rf: pd.DataFrame) -> Table:
     """compare.csv as a table: every aligned point's time ratio with its interval and verdict."""
-    cols = ["collective", "precision", "size", "run", "time B/A", "95 % CI", "busbw B/A", "verdict"]
+    cols = ["collective", "precision", "size", "run", "time B/A", "interval (adjusted)", "busbw B/A", "verdict"]
     rows = []
     for _, r in rf.iterrows():
         ci = f"{fmt(r['time_ratio_ci_low'])}–{fmt(r['time_ratio_ci_high'])}" if pd.notna(r["time_ratio_ci_low"]) else "n/a"
@@ -282,11 +290,13 @@ def significance_table(rf: pd.DataFrame) -> Table:
         )  # fmt: skip
     return Table(
         "significance",
-        "Ratios with their 95 % intervals (time B/A < 1: B is faster; a verdict only when the interval excludes 1)",
+        "Ratios with their intervals (time B/A < 1: B is faster; a verdict only when the interval excludes 1)",
         cols,
         rows,
         "Intervals combine both runs' intervals of the point's time in log space, widened by the spread between "
-        "points beyond those intervals (DerSimonian-Laird, per collective and precision).",
+        "points beyond those intervals (DerSimonian-Laird, per collective and precision), then adjusted for the "
+        "number of ratios judged together (Benjamini-Hochberg at a 5 % false discovery rate, false-coverage-rate "
+        "intervals): identical runs give about no significant ratio, not 5 % of them.",
     )
 
 
@@ -443,7 +453,7 @@ def console_lines(compare_csv: Path, width: int | None = None) -> list[str]:
     rf = pd.read_csv(compare_csv)
     if rf.empty:
         return ["# compare: the runs have no point in common"]
-    out = [f"# {'collective':<15} {'precision':<14} {'group':<6} {'size':>8} {'run':<12} {'time B/A':>8} {'95 % CI':>11}  verdict"]
+    out = [f"# {'collective':<15} {'precision':<14} {'group':<6} {'size':>8} {'run':<12} {'time B/A':>8} {'interval':>11}  verdict"]
     for r in rf.itertuples():
         ci = f"{r.time_ratio_ci_low:.2f}-{r.time_ratio_ci_high:.2f}" if pd.notna(r.time_ratio_ci_low) else "n/a"
         out.append(
@@ -451,5 +461,8 @@ def console_lines(compare_csv: Path, width: int | None = None) -> list[str]:
             f"{human_size(float(r.size_bytes)):>8} {str(r.run)[:12]:<12} {r.time_ratio:>8.3f} {ci:>11}  {r.verdict}"
         )
     sig = rf["significant"].map(lambda v: v is True or str(v) == "True")
-    out.append(f"# {int(sig.sum())} of {len(rf)} ratios significant (95 % interval excludes 1)")
+    out.append(
+        f"# {int(sig.sum())} of {len(rf)} ratios significant (interval excludes 1, adjusted for the {len(rf)} "
+        "compared: Benjamini-Hochberg, 5 % false discovery rate)"
+    )
     return out

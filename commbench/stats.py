@@ -15,6 +15,12 @@ Method (documented in the README, "Uncertainty"):
   per-round ratios with the same interval: slow drift of a shared machine lands on both sides of each pair.
 * An **unpaired ratio** (run B vs run A) combines the two intervals in log space (delta method: independent,
   roughly log-normal errors).
+* **Many ratios at once** (``compare`` of two runs: one ratio per point, often a hundred): at 95 % each, about
+  5 % of the ratios of two identical runs would exclude 1 by chance alone. ``compare`` therefore selects its
+  significant ratios with the Benjamini-Hochberg procedure (false discovery rate 5 %) and reports every ratio
+  with the matching false-coverage-rate interval (Benjamini & Yekutieli 2005, JASA 100:71): level
+  1 - R q / m for R selected of m. Those intervals exclude 1 exactly for the selected ratios, so "significant"
+  still means "its interval excludes 1".
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 Z95 = 1.959963984540054
 """Two-sided 95 % standard-normal quantile."""
+
+_NORMAL = NormalDist()
 
 MIN_SAMPLES_95 = 6
 """Fewest samples whose order-statistic interval of the median reaches 95 % coverage (1 - 2 * 0.5**6 = 0.969)."""
@@ -144,3 +153,39 @@ def geometric_mean_ci(ratios: Sequence[Estimate]) -> Estimate:
     m = sum(logs) / len(ok)
     se = math.sqrt(sum(s * s for s in ses)) / len(ok)
     return Estimate(math.exp(m), math.exp(m - Z95 * se), math.exp(m + Z95 * se), len(ok))
+
+
+@dataclass(frozen=True, slots=True)
+class Adjusted:
+    """Many log-ratios judged together: which are significant and the interval level that agrees with it."""
+
+    selected: tuple[bool, ...]
+    """Benjamini-Hochberg selection at false discovery rate ``q``, in input order (False where no test)."""
+    p_values: tuple[float, ...]
+    """Two-sided p-value of each log-ratio against 0 (NaN where its standard error is unknown)."""
+    z: float
+    """Half-width multiplier of the false-coverage-rate intervals: the normal quantile of 1 - R q / (2 m)."""
+    m: int
+    """Number of ratios tested."""
+
+
+def adjust_many(log_ratios: Sequence[float], ses: Sequence[float], q: float = 0.05) -> Adjusted:
+    """Benjamini-Hochberg selection of many log-ratios (normal errors ``ses``) with FCR-adjusted intervals.
+
+    With R of m selected, every interval ``log_ratio +- z * se`` uses z = Phi^-1(1 - R q / (2 m)) (with R = 0, the
+    Bonferroni level q / m), which excludes 0 exactly for the selected ratios: a selected p-value is <= R q / m,
+    an unselected one is > (its rank) q / m >= (R + 1) q / m.
+    """
+    ps = [
+        2.0 * _NORMAL.cdf(-abs(lr) / se) if math.isfinite(lr) and math.isfinite(se) and se > 0 else math.nan
+        for lr, se in zip(log_ratios, ses, strict=True)
+    ]
+    tested = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
+    m = len(tested)
+    r = 0
+    for rank, (p, _) in enumerate(tested, start=1):
+        if p <= rank * q / m:
+            r = rank
+    chosen = {i for _, i in tested[:r]}
+    z = _NORMAL.inv_cdf(1.0 - max(r, 1) * q / (2.0 * m)) if m else Z95
+    return Adjusted(tuple(i in chosen for i in range(len(ps))), tuple(ps), z, m)
