@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from commbench.config import format_size
-from commbench.records import is_missing
+from commbench.records import crossover_phrase, is_missing
 from commbench.table import LEGEND, block_title, columns_for, format_row, header_lines, terminal_width
 
 __all__ = [
@@ -127,18 +127,19 @@ def print_crossover(cross: list[dict[str, Any]]) -> None:
     print("#")
     for line in comment(
         "crossover: smallest fp32 tensor size from which a precision is significantly faster than fp32 (total "
-        "time); speed-up at the largest size with its 95 % interval"
+        "time) at every larger size, and where below it the crossover lies; speed-up at the largest size with its "
+        "95 % interval"
     ):
         print(line)
     for row in cross:
-        where = format_size(int(row["crossover_bytes"])) if row["note"] == "" else row["note"]
+        where = crossover_phrase(row, lambda b: format_size(int(b)))
         g, lo, hi = (float(row.get(k, math.nan)) for k in ("gain_at_largest", "gain_at_largest_ci_low", "gain_at_largest_ci_high"))
         at_max = ""
         if not math.isnan(g):
             at_max = f"{g:.2f}x" + (f" [{lo:.2f}-{hi:.2f}]" if not math.isnan(lo) else "")
         group = row.get("group", "world")
         name = row["collective"] if group in (None, "world") else f"{row['collective']} [{group}]"
-        print(f"#   {name:<15} {row['precision']:<16} {where:<16} {at_max}")
+        print(f"#   {name:<15} {row['precision']:<16} {at_max:<20} {where}")
 
 
 def report_progress(what: str) -> None:

@@ -19,6 +19,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin
 
@@ -143,6 +144,29 @@ def is_missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
+def crossover_phrase(row: Mapping[str, Any], size: Callable[[float], str]) -> str:
+    """A crossover row in words, sizes written by ``size``: the console and the report say the same thing."""
+
+    def num(key: str) -> float:
+        try:
+            v = float(row.get(key))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return math.nan
+        return v
+
+    cross, low = num("crossover_bytes"), num("crossover_low_bytes")
+    if not math.isnan(cross):
+        if row.get("significant") is True or str(row.get("significant")) == "True":
+            return f"faster from {size(cross)}"
+        if not math.isnan(low):
+            return f"faster from {size(cross)}; crossover between {size(low)} and {size(cross)}"
+        return f"faster from {size(cross)}; crossover at or below it (no significant loss below)"
+    note = str(row.get("note") or "")
+    if note == "not significant":
+        return "never significant (no significant difference at the largest size)"
+    return "never: fp32 is faster at the largest size"
+
+
 @dataclass(kw_only=True, slots=True)
 class CollectivePoint(Record):
     """One measured (collective, precision, payload, size) point: a row of ``results.csv``.
@@ -253,6 +277,16 @@ class Crossover(Record):
     note: str = col(
         '"" when crossover_bytes is set; else "not significant" (the largest size shows no significant '
         'difference) or "never in range" (fp32 is faster at the largest size)'
+    )
+    crossover_low_bytes: int | None = col(
+        "largest size below crossover_bytes at which fp32 is significantly faster: the crossover lies between it "
+        "(excluded) and crossover_bytes; empty when no smaller size is significantly slower",
+        None,
+    )
+    significant: bool = col(
+        "True when the crossover is located to one step of the sweep: crossover_bytes is the smallest size "
+        "measured, or fp32 is significantly faster at the size just below it",
+        False,
     )
     gain_at_largest: float = col("total-time speed-up over fp32 at the largest size measured", NAN)
     gain_at_largest_ci_low: float = col("lower end of its 95 % interval", NAN)

@@ -21,6 +21,7 @@ import jinja2
 import pandas as pd
 
 from commbench import plots
+from commbench.records import crossover_phrase
 from commbench.rundata import (
     COLLECTIVE_ORDER,
     FP32_PRECISION,
@@ -304,16 +305,6 @@ def best_precision_table(df: pd.DataFrame, refs: set[str] = frozenset()) -> Tabl
     )
 
 
-def _crossover_phrase(note: str, size: float) -> str:
-    if not math.isnan(size):
-        return f"faster from {human_bytes(size)}"
-    if note == "never in range":
-        return "never: fp32 is faster at the largest size"
-    if note == "not significant":
-        return "never significant (no significant difference at the largest size)"
-    return note or "never in range"
-
-
 def crossover_table(run: RunData) -> Table | None:
     cx = run.crossover
     if cx.empty:
@@ -327,7 +318,7 @@ def crossover_table(run: RunData) -> Table | None:
         if prec in refs:
             prec += " (algorithm reference)"
         row = [fmt(r.get("collective")), *([fmt(r.get("payload"))] if with_payload else []), prec]
-        row.append(_crossover_phrase(str(r.get("note") or ""), _f(r.get("crossover_bytes"))))
+        row.append(crossover_phrase(r, human_bytes))
         row.append(
             interval(r.get("gain_at_largest"), r.get("gain_at_largest_ci_low"), r.get("gain_at_largest_ci_high"))
         )
@@ -339,7 +330,9 @@ def crossover_table(run: RunData) -> Table | None:
          "speed-up at the largest size [95 % CI]"],
         rows,
         "A crossover is the smallest size from which the precision is significantly faster (paired 95 % interval "
-        "above 1) at that and every larger size.",
+        "above 1) at that and every larger size. Below it, the crossover lies above the largest size at which fp32 "
+        "is significantly faster; where that is not the size just below, the crossover is only known to a range "
+        "(near it the two are about equally fast, and the first significant win moves between identical runs).",
     )  # fmt: skip
 
 
@@ -641,8 +634,13 @@ def _sweep_findings(run: RunData) -> list[str]:
                     if b < largest
                     else f"{prec} {coll} is faster than fp32 at {human_bytes(b)}, the largest size measured: {g}"
                 )
-                if b > smallest:
-                    text += f"; below {human_bytes(b)} it does not pay on this link"
+                low = _f(r.get("crossover_low_bytes"))
+                if _is_true(r.get("significant")) and b > smallest:
+                    text += f"; at {human_bytes(low)} and below it does not pay on this link"
+                elif not math.isnan(low):
+                    text += f" (the crossover lies between {human_bytes(low)} and {human_bytes(b)})"
+                elif b > smallest:
+                    text += f" (below {human_bytes(b)} no significant difference either way)"
                 wins.append((_f(r.get("gain_at_largest")), text + "."))
             elif str(r.get("note")) == "never in range":
                 losses.append((prec, g))

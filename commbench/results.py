@@ -371,16 +371,22 @@ def load_crossover(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     for c in CROSSOVER_COLUMNS:
         if c not in df.columns:
             df[c] = defaults.get(c, math.nan)
-    df["crossover_bytes"] = pd.to_numeric(df["crossover_bytes"], errors="coerce").astype("Int64")
+    for c in ("crossover_bytes", "crossover_low_bytes"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    df["significant"] = df["significant"].map(lambda v: v is True or str(v) == "True")
     return df[list(CROSSOVER_COLUMNS)]
 
 
 def crossover(df: pd.DataFrame) -> list[dict[str, Any]]:
     """Per collective, payload and precision: the smallest fp32 size from which the precision is significantly
-    faster than fp32 at that size and at every larger size measured.
+    faster than fp32 at that size and at every larger size measured, and where below it the crossover lies.
 
-    A size counts as a win only when its paired speed-up interval (``gain_ci_low``) lies above 1; runs written
-    before intervals existed (no ``gain_vs_fp32``) fall back to comparing effective bandwidth, without
+    A size counts as a win only when its paired speed-up interval (``gain_ci_low``) lies above 1, as a loss only
+    when it lies below 1. The crossover lies between the largest loss below the first win of the winning run and
+    that win; it is *significant* (located to one step of the sweep) when that loss is the size just below, or
+    the win starts at the smallest size. Near the crossover the two precisions are about equally fast, so the size
+    at which the first significant win appears moves between identical runs; a located crossover does not. Runs
+    written before intervals existed (no ``gain_vs_fp32``) fall back to comparing effective bandwidth, without
     significance.
     """
     out: list[dict[str, Any]] = []
@@ -401,24 +407,28 @@ def crossover(df: pd.DataFrame) -> list[dict[str, Any]]:
                 continue
             if has_ci:
                 wins = [bool(gp.at[s, "gain_ci_low"] > 1.0) for s in sizes]
+                losses = [bool(gp.at[s, "gain_ci_high"] < 1.0) for s in sizes]
                 last = gp.loc[sizes[-1]]
-                lose_last = bool(last["gain_ci_high"] < 1.0)
                 gain = (float(last["gain_vs_fp32"]), float(last["gain_ci_low"]), float(last["gain_ci_high"]))
             else:
                 wins = [bool(gp.at[s, "effective_gbps"] > base[s]) for s in sizes]
-                lose_last = not wins[-1]
+                losses = [False] * len(sizes)  # without intervals nothing is significant
                 ratio = float(gp.at[sizes[-1], "effective_gbps"] / base[sizes[-1]])
                 gain = (ratio, math.nan, math.nan)
-            cross: int | None = None
-            for i, s in enumerate(sizes):
-                if all(wins[i:]):
-                    cross = int(s)
-                    break
-            note = "" if cross is not None else ("never in range" if lose_last else "not significant")
+            first = next((i for i in range(len(sizes)) if all(wins[i:])), None)
+            cross = low = None
+            located = False
+            if first is not None:
+                cross = int(sizes[first])
+                below = [i for i in range(first) if losses[i]]
+                low = int(sizes[below[-1]]) if below else None
+                located = has_ci and (first == 0 or bool(below and below[-1] == first - 1))
+            note = "" if cross is not None else ("never in range" if losses[-1] or not has_ci else "not significant")
             out.append(
                 Crossover(
                     collective=coll, payload=payload, group=group, precision=prec, crossover_bytes=cross, note=note,
-                    gain_at_largest=gain[0], gain_at_largest_ci_low=gain[1], gain_at_largest_ci_high=gain[2],
+                    crossover_low_bytes=low, significant=located, gain_at_largest=gain[0],
+                    gain_at_largest_ci_low=gain[1], gain_at_largest_ci_high=gain[2],
                 ).as_dict()
             )  # fmt: skip
     return out

@@ -180,6 +180,32 @@ def test_crossover_needs_a_significant_gain_at_every_larger_size() -> None:
     assert out["fp16"]["crossover_bytes"] is None and out["fp16"]["note"] == "not significant"
     assert out["fp8"]["crossover_bytes"] is None and out["fp8"]["note"] == "never in range"
     assert (out["bf16"]["gain_at_largest"], out["bf16"]["gain_at_largest_ci_low"]) == (1.5, 1.2)
+    # bf16 wins from 4 but 2 is no significant loss: the crossover lies somewhere below 4, not located
+    assert out["bf16"]["crossover_low_bytes"] is None and out["bf16"]["significant"] is False
+
+
+def _gain_rows(table: dict[str, list[tuple[int, float, float]]]) -> pd.DataFrame:
+    rows = []
+    for prec, pts in table.items():
+        for size, lo, hi in pts:
+            g = (lo + hi) / 2
+            for p, gg, ll, hh in (("fp32", 1.0, 1.0, 1.0), (prec, g, lo, hi)):
+                rows.append({"collective": "all_reduce", "payload": "normal", "precision": p, "fp32_bytes": size,
+                             "effective_gbps": gg, "gain_vs_fp32": gg, "gain_ci_low": ll, "gain_ci_high": hh})  # fmt: skip
+    return pd.DataFrame(rows).drop_duplicates(["precision", "fp32_bytes"])
+
+
+def test_crossover_is_located_only_between_a_significant_loss_and_a_significant_win() -> None:
+    # (size, 95 % interval of the speed-up over fp32)
+    table = {
+        "bf16": [(1, 0.5, 0.7), (2, 0.6, 0.9), (4, 1.1, 1.3), (8, 1.2, 1.5)],  # loss at 2, win from 4: located at 4
+        "fp16": [(1, 0.5, 0.7), (2, 0.9, 1.1), (4, 1.1, 1.3), (8, 1.2, 1.5)],  # loss at 1, tie at 2: between 1 and 4
+        "fp8": [(1, 1.1, 1.3), (2, 1.2, 1.4), (4, 1.1, 1.3), (8, 1.2, 1.5)],  # wins everywhere: from the smallest
+        "e5m2": [(1, 1.1, 1.3), (2, 0.9, 1.1), (4, 1.1, 1.3), (8, 1.2, 1.5)],  # tie at 2 after a win at 1
+    }
+    out = {r["precision"]: r for r in crossover(_gain_rows(table))}
+    got = {p: (r["crossover_bytes"], r["crossover_low_bytes"], r["significant"]) for p, r in out.items()}
+    assert got == {"bf16": (4, 2, True), "fp16": (4, 1, False), "fp8": (1, None, True), "e5m2": (4, None, False)}
 
 
 def test_every_shipped_suite_is_valid() -> None:

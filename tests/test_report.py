@@ -307,10 +307,13 @@ def test_findings_state_only_significant_results(tmp_path: Path) -> None:
     cross = next(f for i, f in enumerate(SIZES) if all(gains[s] * (1 - HALF) > 1 for s in SIZES[i:]))
     assert SIZES[0] < cross < SIZES[-1]  # the fabricated timings have a crossover inside the range
     big, at = SIZES[-1], human_bytes(cross)
-    assert (
-        f"fp8_e4m3 all_reduce is faster than fp32 from {at}: {ci(gains[big])} at 4 MiB; below {at} it does "
-        "not pay on this link." in findings
-    )
+    below = SIZES[SIZES.index(cross) - 1]
+    if gains[below] * (1 + HALF) < 1:  # fp32 significantly faster just below: the crossover is located
+        tail = f"; at {human_bytes(below)} and below it does not pay on this link."
+    else:
+        losses = [f for f in SIZES if f < cross and gains[f] * (1 + HALF) < 1]
+        tail = f" (the crossover lies between {human_bytes(losses[-1])} and {at})." if losses else ""
+    assert f"fp8_e4m3 all_reduce is faster than fp32 from {at}: {ci(gains[big])} at 4 MiB{tail}" in findings
     # bf16 all_reduce: fp32 is significantly faster at the largest size: said, with its interval
     assert "bf16 does not pay for all_reduce in the measured range (1 KiB – 4 MiB)" in findings
     assert f"(speed-up {ci(1 / 1.5)})" in findings
@@ -346,7 +349,15 @@ def test_tables_show_intervals_and_a_winner_only_when_significant(tmp_path: Path
     bf = totals(SIZES[-1])["fp32"] / (2 * (2 + SIZES[-1] / 8e3) + 20 + SIZES[-1] / 2 / 2000)
     assert ag[3:5] == [ci(bf), "no significant difference"]
     cx = next(r for r in tables["crossover"].rows if r[:2] == ["all_reduce", "fp8_e4m3"])
-    assert cx[2:] == [f"faster from {human_bytes(wins[0])}", ci(g[SIZES[-1]])]
+    losses = [f for f in SIZES if f < wins[0] and g[f] * (1 + HALF) < 1]
+    where = f"faster from {human_bytes(wins[0])}"
+    if not (losses and losses[-1] == SIZES[SIZES.index(wins[0]) - 1]):
+        where += (
+            f"; crossover between {human_bytes(losses[-1])} and {human_bytes(wins[0])}"
+            if losses
+            else "; crossover at or below it (no significant loss below)"
+        )
+    assert cx[2:] == [where, ci(g[SIZES[-1]])]
     train = {r[0]: r for r in tables["training-gain"].rows}
     assert train["bf16"][2:4] == ["1.25× [1.10–1.40]", "faster"]
     assert train["fp8_e4m3"][3] == "no significant difference"
