@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from commbench.collectives import Collective, Layout
 from commbench.precision import PointOp, Precision, register_precision, resolve
+
+if TYPE_CHECKING:  # torch is imported where tensors are handled: the registry itself is torch-free
+    import torch
+    import torch.distributed as dist
 
 
 class Codec(ABC):
@@ -73,8 +75,8 @@ _REGISTRY: dict[str, CodecFactory] = {}
 class CodecPrecision(Precision):
     """A sweep precision whose fp32 tensor travels through a codec with the chunked algorithm."""
 
-    input_dtype = torch.float32
-    wire_dtype = torch.uint8
+    input_dtype_name = "float32"
+    wire_dtype_name = "uint8"
     chunked = True
 
     def __init__(self, codec: Codec, impl: str) -> None:
@@ -92,6 +94,8 @@ class CodecPrecision(Precision):
         return collective.chunked_op(self.codec, layout, group, device)
 
     def error_bound(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
+        import torch
+
         contributions = n if collective.reduces else 1
         return self.codec.error_bound(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
 
@@ -104,6 +108,8 @@ class CodecPrecision(Precision):
         return 4 * (layout.input_numel + layout.output_numel) * stages + 2 * wire * stages
 
     def check_tolerance(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
+        import torch
+
         contributions = n if collective.reduces else 1
         return self.codec.check_tolerance(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
 

@@ -14,22 +14,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-import torch.distributed as dist
-
 if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
     from commbench.codec import Codec
     from commbench.precision import PointOp
 
-# torch >= 2.10 renamed the tensor-in/tensor-out collectives (*_single) and deprecates the old names; resolve
-# once so every torch >= 2.4 works without a warning per call.
+# torch is imported by the methods that run tensors, never at module level: `commbench list` and the
+# importer's bus factors read this registry without paying for torch.
+
+
+# torch >= 2.10 renamed the tensor-in/tensor-out collectives (*_single) and deprecates the old names.
 # Looked up per call, not once, so a CommCounter (training/comm.py) installed later still sees the calls.
 def all_gather_tensor(*args: Any, **kwargs: Any) -> Any:
+    import torch.distributed as dist
+
     fn: Callable[..., Any] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return fn(*args, **kwargs)
 
 
 def reduce_scatter_tensor(*args: Any, **kwargs: Any) -> Any:
+    import torch.distributed as dist
+
     fn: Callable[..., Any] = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return fn(*args, **kwargs)
 
@@ -47,7 +54,11 @@ class Layout:
 
 
 class Collective(ABC):
-    """One collective: size semantics, bus factor, native execution and float64 reference."""
+    """One collective: size semantics, bus factor, native execution and float64 reference.
+
+    What differs between the nccl-tests collectives only in a number or a name is class data that the base
+    class turns into :meth:`bus_factor`, :meth:`layout` and :meth:`chunked_op`; a collective whose shape none
+    of that data describes overrides those methods instead."""
 
     name: ClassVar[str]
     redop: ClassVar[str]
@@ -58,22 +69,38 @@ class Collective(ABC):
     """The nccl-tests binary that measures it (``all_reduce_perf``)."""
     size_convention: ClassVar[str]
     """What nccl-tests' ``size`` counts, in words."""
-    bus_factor_formula: ClassVar[str]
-    """:meth:`bus_factor` in words (for ``commbench list``)."""
     order: ClassVar[int]
     """Display order (tables, ``list``)."""
+    bus_passes: ClassVar[int] = 1
+    """nccl-tests' bus factor is ``bus_passes * (n-1)/n``: a rank sends (n-1)/n of ``size`` per pass over
+    the ring; all_reduce makes two (reduce-scatter, then all-gather)."""
+    input_per_rank: ClassVar[bool] = False
+    """The input holds one rank's share (``total / n`` elements) rather than ``total`` (all_gather)."""
+    output_per_rank: ClassVar[bool] = False
+    """The output holds one rank's share rather than ``total`` (reduce_scatter)."""
+    count_per_rank: ClassVar[bool] = True
+    """nccl-tests' ``count`` column is the per-rank share (``total / n``); all_reduce's is the whole buffer."""
+    chunked_variant: ClassVar[str | None] = None
+    """Name of the class in :mod:`commbench.chunked` that runs the chunked codec algorithm for this
+    collective (constructed as ``cls(codec, input elements, group, device)``); None: codecs cannot run it.
+    A name rather than the class because :mod:`commbench.chunked` builds on torch and on this registry."""
     chunked_encodings: ClassVar[int] = 1
     """How many times the chunked low-precision algorithm encodes a value on its way (the error bound's
     ``quantisations``): all_reduce re-encodes the partial sums, so 2."""
+
+    @property
+    def bus_factor_formula(self) -> str:
+        """:meth:`bus_factor` in words (for ``commbench list``)."""
+        return f"{self.bus_passes if self.bus_passes != 1 else ''}(n-1)/n"
 
     @property
     def description(self) -> str:
         """One line for ``commbench list``: size definition; busbw factor."""
         return f"{self.size_convention}; {self.bus_factor_formula}"
 
-    @abstractmethod
     def bus_factor(self, n: int) -> float:
         """nccl-tests' factor from algbw to busbw for ``n`` ranks."""
+        return self.bus_passes * (n - 1) / n
 
     def round_total(self, total: int, n: int, elt_bytes: int = 4) -> int:
         """Largest element count <= ``total`` the collective runs for ``n`` ranks, as nccl-tests rounds it.
@@ -85,9 +112,19 @@ class Collective(ABC):
         align = max(16 // elt_bytes, 1)
         return n * ((total // n) // align * align)
 
-    @abstractmethod
     def layout(self, total: int, n: int) -> Layout:
         """Per-rank input/output element counts for a size of ``total`` elements (already rounded)."""
+        share = total // n
+
+        def count(per_rank: bool) -> int:
+            return share if per_rank else total
+
+        return Layout(
+            total=total,
+            input_numel=count(self.input_per_rank),
+            output_numel=count(self.output_per_rank),
+            count=count(self.count_per_rank),
+        )
 
     @abstractmethod
     def run(
@@ -109,13 +146,18 @@ class Collective(ABC):
 
     def supports_chunked(self) -> bool:
         """Whether the chunked codec algorithm (:mod:`commbench.chunked`) implements this collective."""
-        return False
+        return self.chunked_variant is not None
 
     def chunked_op(
         self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
     ) -> PointOp:
         """The chunked codec algorithm for this collective (encode per chunk, exchange, decode)."""
-        raise ValueError(f"the chunked codec algorithm does not implement {self.name!r}")
+        if self.chunked_variant is None:
+            raise ValueError(f"the chunked codec algorithm does not implement {self.name!r}")
+        from commbench import chunked  # the algorithm builds on these collectives: imported at use
+
+        algorithm: Callable[..., PointOp] = getattr(chunked, self.chunked_variant)
+        return algorithm(codec, layout.input_numel, group, device)
 
 
 class AllReduce(Collective):
@@ -124,40 +166,30 @@ class AllReduce(Collective):
     reduces = True
     nccl_tests_name = "all_reduce_perf"
     size_convention = "buffer"
-    bus_factor_formula = "2(n-1)/n"
     order = 0
+    bus_passes = 2
+    count_per_rank = False
+    chunked_variant = "ChunkedAllReduce"
     chunked_encodings = 2
-
-    def bus_factor(self, n: int) -> float:
-        return 2.0 * (n - 1) / n
 
     def round_total(self, total: int, n: int, elt_bytes: int = 4) -> int:
         return total
 
-    def layout(self, total: int, n: int) -> Layout:
-        return Layout(total=total, input_numel=total, output_numel=total, count=total)
-
     def run(
         self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
     ) -> Any:
+        import torch.distributed as dist
+
         # torch's all_reduce is in place; the op object passes the same tensor as inp and out.
         return dist.all_reduce(out, group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+        import torch
+
         return torch.stack(inputs).sum(dim=0)
 
     def out_of_place(self) -> bool:
         return False
-
-    def supports_chunked(self) -> bool:
-        return True
-
-    def chunked_op(
-        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
-    ) -> PointOp:
-        from commbench import chunked  # the algorithm builds on these collectives: imported at use
-
-        return chunked.ChunkedAllReduce(codec, layout.input_numel, group, device)
 
 
 class AllGather(Collective):
@@ -166,14 +198,9 @@ class AllGather(Collective):
     reduces = False
     nccl_tests_name = "all_gather_perf"
     size_convention = "total output"
-    bus_factor_formula = "(n-1)/n"
     order = 1
-
-    def bus_factor(self, n: int) -> float:
-        return (n - 1) / n
-
-    def layout(self, total: int, n: int) -> Layout:
-        return Layout(total=total, input_numel=total // n, output_numel=total, count=total // n)
+    input_per_rank = True
+    chunked_variant = "ChunkedAllGather"
 
     def run(
         self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
@@ -181,17 +208,9 @@ class AllGather(Collective):
         return all_gather_tensor(out, inp, group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+        import torch
+
         return torch.cat(inputs)
-
-    def supports_chunked(self) -> bool:
-        return True
-
-    def chunked_op(
-        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
-    ) -> PointOp:
-        from commbench import chunked  # the algorithm builds on these collectives: imported at use
-
-        return chunked.ChunkedAllGather(codec, layout.input_numel, group, device)
 
 
 class ReduceScatter(Collective):
@@ -200,14 +219,9 @@ class ReduceScatter(Collective):
     reduces = True
     nccl_tests_name = "reduce_scatter_perf"
     size_convention = "total input"
-    bus_factor_formula = "(n-1)/n"
     order = 2
-
-    def bus_factor(self, n: int) -> float:
-        return (n - 1) / n
-
-    def layout(self, total: int, n: int) -> Layout:
-        return Layout(total=total, input_numel=total, output_numel=total // n, count=total // n)
+    output_per_rank = True
+    chunked_variant = "ChunkedReduceScatter"
 
     def run(
         self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
@@ -215,18 +229,10 @@ class ReduceScatter(Collective):
         return reduce_scatter_tensor(out, inp, group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+        import torch
+
         m = inputs[0].numel() // len(inputs)
         return torch.stack([x[rank * m : (rank + 1) * m] for x in inputs]).sum(dim=0)
-
-    def supports_chunked(self) -> bool:
-        return True
-
-    def chunked_op(
-        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
-    ) -> PointOp:
-        from commbench import chunked  # the algorithm builds on these collectives: imported at use
-
-        return chunked.ChunkedReduceScatter(codec, layout.input_numel, group, device)
 
     def reduced_offset(self, rank: int, layout: Layout) -> int:
         return rank * layout.output_numel
@@ -238,33 +244,21 @@ class AllToAll(Collective):
     reduces = False
     nccl_tests_name = "alltoall_perf"
     size_convention = "per-rank buffer"
-    bus_factor_formula = "(n-1)/n"
     order = 3
-
-    def bus_factor(self, n: int) -> float:
-        return (n - 1) / n
-
-    def layout(self, total: int, n: int) -> Layout:
-        return Layout(total=total, input_numel=total, output_numel=total, count=total // n)
+    chunked_variant = "ChunkedAllToAll"
 
     def run(
         self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
     ) -> Any:
+        import torch.distributed as dist
+
         return dist.all_to_all_single(out, inp, group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+        import torch
+
         m = inputs[0].numel() // len(inputs)
         return torch.cat([x[rank * m : (rank + 1) * m] for x in inputs])
-
-    def supports_chunked(self) -> bool:
-        return True
-
-    def chunked_op(
-        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
-    ) -> PointOp:
-        from commbench import chunked  # the algorithm builds on these collectives: imported at use
-
-        return chunked.ChunkedAllToAll(codec, layout.input_numel, group, device)
 
 
 COLLECTIVES: dict[str, Collective] = {}

@@ -56,10 +56,15 @@ import math
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from commbench.kernel import Fp8Kernel, NoFp8Kernel
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the functions that handle tensors: the formats and scaling modes (what the precision
+# registry and `commbench list` describe) need none.
 
 __all__ = [
     "FORMATS",
@@ -84,7 +89,8 @@ class Fp8Format:
     """Constants of one FP8 format."""
 
     name: str
-    dtype: torch.dtype
+    dtype_name: str
+    """torch's name of the dtype (``torch.<dtype_name>``)."""
     max: float
     """Largest finite magnitude."""
     rel_step: float
@@ -95,10 +101,17 @@ class Fp8Format:
     kernel_code: int
     """The format's code in ``kernels/fp8.c``."""
 
+    @property
+    def dtype(self) -> torch.dtype:
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.dtype_name)
+        return dtype
+
 
 FORMATS: dict[str, Fp8Format] = {
-    "e4m3": Fp8Format("e4m3", torch.float8_e4m3fn, 448.0, 2.0**-3, 2.0**-9, has_inf=False, kernel_code=0),
-    "e5m2": Fp8Format("e5m2", torch.float8_e5m2, 57344.0, 2.0**-2, 2.0**-16, has_inf=True, kernel_code=1),
+    "e4m3": Fp8Format("e4m3", "float8_e4m3fn", 448.0, 2.0**-3, 2.0**-9, has_inf=False, kernel_code=0),
+    "e5m2": Fp8Format("e5m2", "float8_e5m2", 57344.0, 2.0**-2, 2.0**-16, has_inf=True, kernel_code=1),
 }
 
 _K_MIN, _K_MAX = -126, 127
@@ -267,6 +280,8 @@ def error_bound(
     ``abs_sum`` (float64) is the sum of ``|x|`` over the contributing terms of each element; ``quantisations``
     is 2 when the partial sums are re-quantised (all_reduce). The derivation is in the module docstring.
     """
+    import torch
+
     f = get_format(fmt)
     sc = get_scaling(scaling, 128)
     abs_sum = abs_sum.to(torch.float64)
@@ -293,6 +308,8 @@ _local = threading.local()
 
 
 def _workspace(kind: str, numel: int, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:
+    import torch
+
     cache: dict[tuple[str, torch.device], torch.Tensor] = _local.__dict__.setdefault("ws", {})
     buf = cache.get((kind, device))
     if buf is None or buf.numel() < numel:
@@ -306,6 +323,8 @@ _LUT_CACHE: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 def _lut(fmt: str, device: torch.device) -> torch.Tensor:
     """The 256 float32 values of the format's codes, from torch's own cast (NaN codes decode to NaN)."""
+    import torch
+
     key = (fmt, device)
     lut = _LUT_CACHE.get(key)
     if lut is None:
@@ -324,6 +343,8 @@ def _row_amax(rows: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
 
     Non-finite values are zeroed into ``scratch`` first, unconditionally: testing whether any exist would read
     a flag back to the host, a device synchronisation inside the timed encode on a GPU."""
+    import torch
+
     clean = scratch.view_as(rows)
     torch.nan_to_num(rows, nan=0.0, posinf=0.0, neginf=0.0, out=clean)
     # amax/amin along a dim are vectorised reductions; abs() would materialise another full-size temporary.
@@ -334,6 +355,8 @@ def _inf_to_nan(t: torch.Tensor, scratch: torch.Tensor) -> None:
     """``t``'s infinities become NaN of the same sign, in place, finite values and NaNs unchanged, without
     a data-dependent branch: ``t - t`` is 0 for finite values and NaN otherwise, ``copysign`` keeps the sign.
     (e4m3 has no inf, and torch's e4m3fn cast would saturate inf to 448: silently finite.)"""
+    import torch
+
     torch.sub(t, t, out=scratch)
     scratch.add_(t)
     torch.copysign(scratch, t, out=t)
@@ -342,6 +365,8 @@ def _inf_to_nan(t: torch.Tensor, scratch: torch.Tensor) -> None:
 def pow2_scales(amax: torch.Tensor, f: Fp8Format) -> torch.Tensor:
     """THE scale rule of every fp8 path: power-of-two scales ``2**k``, smallest k with ``amax / 2**k <= max``,
     k clamped to [-126, 127]; 1 where amax is 0."""
+    import torch
+
     a = amax.to(torch.float64)
     # float64 log2 of the exact ratio: powers of two come out exact, anything else is >= 2**-24 away from
     # the next integer, far above float64 rounding, so ceil() is right.
@@ -372,6 +397,8 @@ def quantize(
     ``out=(q, scales)`` writes into preallocated tensors (``q``: uint8 with ``x.numel()`` elements, may be a
     slice of a wire buffer; ``scales``: float32 with :func:`num_scales` elements) and returns them.
     """
+    import torch
+
     f = get_format(fmt)
     sc = get_scaling(scaling, block)
     _check_input(x, "x", torch.float32)
@@ -433,6 +460,8 @@ def dequantize(
     With ``accumulate=True`` the decoded values are *added* to ``out`` (float32 sum of several sources, as the
     reduce-scatter needs) instead of overwriting it.
     """
+    import torch
+
     f = get_format(fmt)
     sc = get_scaling(scaling, block)
     _check_input(q, "q", torch.uint8)
@@ -480,6 +509,8 @@ _kernel: NoFp8Kernel = Fp8Kernel()
 
 def kernel_status() -> str:
     """Which codec path runs on CPU: ``"c"`` (fused kernel) or ``"torch (<reason>)"``."""
+    import torch
+
     if _kernel.available(torch.device("cpu")):
         return "c"
     return f"torch ({_kernel.error})"

@@ -30,14 +30,16 @@ detects support and ``supports()`` is False elsewhere, so the sweep skips it cle
 from __future__ import annotations
 
 import re
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from commbench import fp8
 from commbench.codec import Codec, register_codec
 from commbench.collectives import Collective, Layout
 from commbench.precision import PointOp, Precision, ReceivedChunk, register_precision, split_received
+
+if TYPE_CHECKING:  # torch is imported where tensors are handled: registering the precisions needs none
+    import torch
+    import torch.distributed as dist
 
 DEFAULT_BLOCK = 128
 OPTIONS_HELP = "tensor (default) | block<N> (one scale per N elements, e.g. block128) | none (saturating cast)"
@@ -77,6 +79,8 @@ class Fp8Codec(Codec):
 
     def error_bound(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor:
         """Format-derived tolerance (see :func:`commbench.fp8.error_bound`)."""
+        import torch
+
         return fp8.error_bound(self.fmt, self.scaling.name, torch.as_tensor(abs_sum), contributions, encodings)
 
     def check_tolerance(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> float:
@@ -95,6 +99,8 @@ class Fp8Codec(Codec):
 def native_fp8_available(backend: str, device: torch.device | None = None) -> bool:
     """Whether NCCL can reduce fp8 here: backend nccl, a CUDA device of compute capability >= 9.0,
     NCCL >= 2.24, and torch exposing the fp8 dtypes. Never assumed: False on CPU, gloo, or any doubt."""
+    import torch
+
     if backend != "nccl" or not hasattr(torch, "float8_e4m3fn"):
         return False
     try:
@@ -146,6 +152,9 @@ class _NativeOp:
         group: dist.ProcessGroup | None,
         device: torch.device,
     ) -> None:
+        import torch
+        import torch.distributed as dist
+
         self.prec, self.coll, self.group = prec, collective, group
         self.n = dist.get_world_size(group)
         f = prec.format
@@ -169,6 +178,8 @@ class _NativeOp:
         self.wire_bytes = layout.total * 1 + 4 * sc.wire_scale_count(layout.input_numel)
 
     def _blocks(self, t: torch.Tensor) -> torch.Tensor:
+        import torch
+
         pad = -t.numel() % self.run
         return torch.nn.functional.pad(t, (0, pad)).view(-1, self.run) if pad else t.view(-1, self.run)
 
@@ -176,6 +187,8 @@ class _NativeOp:
         self.x.copy_(x)
 
     def encode(self) -> None:
+        import torch.distributed as dist
+
         f = self.prec.format
         if not self.scaling.scaled:
             self.wire_in.copy_(self.x.clamp(-f.max, f.max))
@@ -214,13 +227,13 @@ class Fp8NativePrecision(Precision):
     """NCCL's native fp8 reduction (Hopper, NCCL >= 2.24); skipped wherever it is not detected."""
 
     impl = "fp8_native"
-    input_dtype = torch.float32
+    input_dtype_name = "float32"
 
     def __init__(self, base: str, fmt: str, scaling: fp8.Scaling) -> None:
         self.codec = Fp8Codec(base, fmt, scaling, how="NCCL sums fp8 natively")
         self.name, self.description = self.codec.name, self.codec.description
         self.format = self.codec.format
-        self.wire_dtype = self.format.dtype
+        self.wire_dtype_name = self.format.dtype_name
 
     def supports(self, collective: Collective, backend: str) -> bool:
         return collective.reduces and native_fp8_available(backend)
@@ -228,6 +241,8 @@ class Fp8NativePrecision(Precision):
     def error_bound(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
         """Conservative: NCCL rounds every partial sum to fp8 (up to n roundings in all), and the shared scale
         carries n-fold headroom, so each rounding may cost ``rel * |partial| + sub * 2 * n * A / max``."""
+        import torch
+
         f = self.format
         a = torch.as_tensor(abs_sum).to(torch.float64)
         big = float(a.max()) if a.numel() else 0.0
@@ -252,6 +267,9 @@ _PROBED: dict[tuple[torch.dtype, int], bool] = {}
 def _probe_native(dtype: torch.dtype, group: dist.ProcessGroup | None, device: torch.device) -> None:
     """One tiny fp8 all_reduce per (dtype, group): the static checks say NCCL could; this shows torch does.
     Every rank builds the same point at the same time, so every rank runs the probe together."""
+    import torch
+    import torch.distributed as dist
+
     key = (dtype, id(group))
     if key not in _PROBED:
         try:

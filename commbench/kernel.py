@@ -21,8 +21,10 @@ import subprocess
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the thread count is asked of torch when the kernel runs; importing this module needs none
+    import torch
 
 FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math", "-ffp-contract=off")
 
@@ -117,6 +119,8 @@ PARALLEL_MIN = 1 << 18
 
 
 def _threads(n: int) -> int:
+    import torch
+
     return torch.get_num_threads() if n >= PARALLEL_MIN else 1
 
 

@@ -19,26 +19,47 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from commbench.collectives import Collective, Layout
 
-NCCL_TYPE_NAMES: dict[torch.dtype, str] = {
-    torch.float32: "float",
-    torch.float16: "half",
-    torch.bfloat16: "bfloat16",
-    torch.float64: "double",
-    torch.uint8: "uint8",
-    torch.int8: "int8",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.bool: "bool",
-    torch.float8_e4m3fn: "f8e4m3",
-    torch.float8_e5m2: "f8e5m2",
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+# Dtypes are named here (torch's attribute name, ``torch.<name>``) and resolved to ``torch.dtype`` only where
+# tensors are made, so the registry (names, descriptions, wire types for ``commbench list``) needs no torch.
+
+NCCL_TYPE_NAMES: dict[str, str] = {
+    "float32": "float",
+    "float16": "half",
+    "bfloat16": "bfloat16",
+    "float64": "double",
+    "uint8": "uint8",
+    "int8": "int8",
+    "int32": "int32",
+    "int64": "int64",
+    "bool": "bool",
+    "float8_e4m3fn": "f8e4m3",
+    "float8_e5m2": "f8e5m2",
 }
+"""nccl-tests' type name of a dtype, by torch's name for it."""
+
+
+def nccl_type_name(dtype: torch.dtype | str) -> str:
+    """nccl-tests type name of a torch dtype or of its name (falls back to torch's own name)."""
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    return NCCL_TYPE_NAMES.get(name, name)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The ``torch.dtype`` called ``name`` (``"bfloat16"`` -> ``torch.bfloat16``); imports torch."""
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"torch has no dtype {name!r}")
+    return dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +97,26 @@ class Precision(ABC):
     impl: str
     """How the bytes move: ``native`` (collective in the user's dtype), ``cast`` (fp32 cast for the wire),
     ``fp8_bytes`` (a codec's bytes through :mod:`commbench.chunked`), ``fp8_native``."""
-    input_dtype: torch.dtype
-    """dtype of the user's tensor (what ``load`` receives)."""
+    input_dtype_name: str
+    """torch name of the dtype of the user's tensor (what ``load`` receives), e.g. ``float32``."""
     chunked: bool = False
     """True when the precision reaches its result through the chunked algorithm (:mod:`commbench.chunked`)
     rather than the backend's own collective: the sweep then also times fp32 through that algorithm."""
-    wire_dtype: torch.dtype
+    wire_dtype_name: str
+    """torch name of the dtype that crosses the wire."""
     description: str = ""
 
     @property
+    def input_dtype(self) -> torch.dtype:
+        return torch_dtype(self.input_dtype_name)
+
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        return torch_dtype(self.wire_dtype_name)
+
+    @property
     def nccl_type(self) -> str:
-        return NCCL_TYPE_NAMES.get(self.wire_dtype, str(self.wire_dtype).removeprefix("torch."))
+        return nccl_type_name(self.wire_dtype_name)
 
     def supports(self, collective: Collective, backend: str) -> bool:
         """Whether this precision can run ``collective`` on ``backend``."""
@@ -110,7 +140,7 @@ class Precision(ABC):
         """Bytes the op of one point allocates on its device (an estimate made before allocating: the user's
         input and output in ``input_dtype``, and the wire's input and output where the wire dtype differs)."""
         user = (layout.input_numel + layout.output_numel) * self.input_dtype.itemsize
-        if self.wire_dtype == self.input_dtype:
+        if self.wire_dtype_name == self.input_dtype_name:
             return user
         return user + (layout.input_numel + layout.output_numel) * self.wire_dtype.itemsize
 
@@ -123,6 +153,8 @@ class Precision(ABC):
 
 def split_received(buf: torch.Tensor, n: int) -> list[ReceivedChunk]:
     """``buf`` (a received wire tensor of any dtype) as ``n`` consecutive chunks (the last may be shorter)."""
+    import torch
+
     m = -(-buf.numel() // n)
     raw = buf.view(torch.uint8)
     e = buf.element_size()
@@ -141,6 +173,8 @@ class _CastOp:
         group: dist.ProcessGroup | None,
         device: torch.device,
     ) -> None:
+        import torch
+
         self._coll = collective
         self._group = group
         self.has_codec = input_dtype != wire_dtype
@@ -171,6 +205,8 @@ class _CastOp:
         return self.y
 
     def received(self) -> list[ReceivedChunk]:
+        import torch.distributed as dist
+
         return split_received(self.wire_out, dist.get_world_size(self._group))
 
 
@@ -188,10 +224,10 @@ class NativePrecision(_CastPrecision):
 
     impl = "native"
 
-    def __init__(self, name: str, dtype: torch.dtype, description: str) -> None:
+    def __init__(self, name: str, dtype: str, description: str) -> None:
         self.name = name
-        self.input_dtype = dtype
-        self.wire_dtype = dtype
+        self.input_dtype_name = dtype
+        self.wire_dtype_name = dtype
         self.description = description
 
 
@@ -199,11 +235,11 @@ class CompressPrecision(_CastPrecision):
     """An fp32 tensor cast to a 16-bit dtype for the wire and back (what DDP's compress hooks do)."""
 
     impl = "cast"
-    input_dtype = torch.float32
+    input_dtype_name = "float32"
 
-    def __init__(self, name: str, wire_dtype: torch.dtype, description: str) -> None:
+    def __init__(self, name: str, wire_dtype: str, description: str) -> None:
         self.name = name
-        self.wire_dtype = wire_dtype
+        self.wire_dtype_name = wire_dtype
         self.description = description
 
 
@@ -229,16 +265,16 @@ def _no_option(name: str, make: Callable[[], Precision]) -> PrecisionFactory:
     return factory
 
 
-register_precision("fp32", _no_option("fp32", lambda: NativePrecision("fp32", torch.float32, "float32 tensor")))
-register_precision("fp16", _no_option("fp16", lambda: NativePrecision("fp16", torch.float16, "float16 tensor")))
-register_precision("bf16", _no_option("bf16", lambda: NativePrecision("bf16", torch.bfloat16, "bfloat16 tensor")))
+register_precision("fp32", _no_option("fp32", lambda: NativePrecision("fp32", "float32", "float32 tensor")))
+register_precision("fp16", _no_option("fp16", lambda: NativePrecision("fp16", "float16", "float16 tensor")))
+register_precision("bf16", _no_option("bf16", lambda: NativePrecision("bf16", "bfloat16", "bfloat16 tensor")))
 register_precision(
     "fp16_compress",
-    _no_option("fp16_compress", lambda: CompressPrecision("fp16_compress", torch.float16, "fp32 cast to fp16 on the wire")),
+    _no_option("fp16_compress", lambda: CompressPrecision("fp16_compress", "float16", "fp32 cast to fp16 on the wire")),
 )
 register_precision(
     "bf16_compress",
-    _no_option("bf16_compress", lambda: CompressPrecision("bf16_compress", torch.bfloat16, "fp32 cast to bf16 on the wire")),
+    _no_option("bf16_compress", lambda: CompressPrecision("bf16_compress", "bfloat16", "fp32 cast to bf16 on the wire")),
 )
 
 

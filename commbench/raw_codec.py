@@ -8,9 +8,12 @@ its **precision** part (fp32_chunked / codec): the sweep adds this contender whe
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from commbench.codec import Codec, register_codec
+
+if TYPE_CHECKING:  # imported where tensors are handled: registering the codec needs no torch
+    import torch
 
 NAME = "fp32_chunked"
 
@@ -28,14 +31,20 @@ class Fp32Raw(Codec):
         return 0
 
     def encode(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        import torch
+
         codes.copy_(x.contiguous().view(torch.uint8))
 
     def decode(self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
+        import torch
+
         # a chunk's bytes start 4-byte aligned in both wire layouts (no scales between chunks)
         v = codes.view(torch.float32)
         out.add_(v) if accumulate else out.copy_(v)
 
     def error_bound(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor | float:
+        import torch
+
         # lossless transport; only the float32 sum of `contributions` terms rounds (|error| <= (k-1) u sum|x|)
         return torch.as_tensor(abs_sum, dtype=torch.float64) * max(contributions - 1, 0) * 2.0**-24
 

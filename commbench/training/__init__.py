@@ -6,27 +6,35 @@ Public API (used by the suite runner):
 - `run_training(config, *, device, on_policy_done=None, skip=(), hosts=None)` -> (TrainingSummary records, TrainingStep records).
 - `gain_table(summary)` -> the "performance gain" table (pure pandas, for views).
 
-`run_training` is imported lazily so that views importing `gain_table` do not pull in torch.distributed.
+Everything but `list_policies` is imported on first use (PEP 562): the config pulls in the models (torch), the
+tables pandas, the runner torch.distributed; `commbench list` and views that need one of them pay for that one.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from commbench.training.config import TrainingConfig
 from commbench.training.policies import list_policies
-from commbench.training.tables import bf16_vs_fp16, gain_table
 
 if TYPE_CHECKING:
+    from commbench.training.config import TrainingConfig
     from commbench.training.runner import run_training
+    from commbench.training.tables import bf16_vs_fp16, gain_table
 
 __all__ = ["TrainingConfig", "bf16_vs_fp16", "gain_table", "list_policies", "run_training"]
 
+_LAZY = {
+    "TrainingConfig": "commbench.training.config",
+    "bf16_vs_fp16": "commbench.training.tables",
+    "gain_table": "commbench.training.tables",
+    "run_training": "commbench.training.runner",
+}
+"""Public name -> the module that owns it (the module's own object, not a copy of its signature)."""
+
 
 def __getattr__(name: str) -> Any:
-    """`run_training`, imported on first use (PEP 562): the runner's own function, not a copy of its signature."""
-    if name == "run_training":
-        from commbench.training.runner import run_training
-
-        return run_training
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

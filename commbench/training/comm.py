@@ -34,12 +34,12 @@ import torch
 import torch.distributed as dist
 
 from commbench.collectives import COLLECTIVES
-from commbench.precision import NCCL_TYPE_NAMES
+from commbench.precision import nccl_type_name
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """nccl-tests type name of a torch dtype (falls back to torch's own name)."""
-    return NCCL_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    return nccl_type_name(dtype)
 
 
 _EXTRA_BUS_FACTORS: dict[str, Callable[[int], float]] = {

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from commbench.chunked import ChunkedAllReduce
 from commbench.codec import Codec, get_codec
 from commbench.collectives import COLLECTIVES
-from commbench.precision import NCCL_TYPE_NAMES
+from commbench.precision import nccl_type_name
 
 # DDP checks hook annotations against the real classes, so this module keeps annotations evaluated
 # (no `from __future__ import annotations`) and annotates `bucket` as dist.GradBucket.
@@ -37,7 +37,7 @@ HookFn = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
 
 def _key(op: str, dtype: torch.dtype) -> str:
-    return f"{op}:{NCCL_TYPE_NAMES.get(dtype, str(dtype).removeprefix('torch.'))}"
+    return f"{op}:{nccl_type_name(dtype)}"
 
 
 # --- cast hook ------------------------------------------------------------------------------------------
