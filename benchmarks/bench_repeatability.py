@@ -64,7 +64,9 @@ def aa(out: Path) -> None:
             f"run {name}: {len(df)} points, median 95 % interval half-width {100 * hw.median():.1f} % "
             f"(p90 {100 * hw.quantile(0.9):.1f} %), noisy {int(df['noisy'].fillna(False).astype(bool).sum())}"
         )
-    print(f"compare a vs b: {int(sig.sum())} of {len(rf)} ratios significant ({100 * sig.mean():.1f} %; target <= 5 %)")
+    marginal = int((rf["p_value"] < 0.05).sum())
+    print(f"compare a vs b: {int(sig.sum())} of {len(rf)} ratios significant ({100 * sig.mean():.1f} %; target <= 5 %); "
+          f"before adjusting for the {len(rf)} compared: {marginal} ({100 * marginal / max(1, len(rf)):.1f} %)")  # fmt: skip
     for r in rf[sig].itertuples():
         print(f"   significant: {r.collective} {r.precision} {r.size_bytes} B ratio {r.time_ratio:.3f} "
               f"[{r.time_ratio_ci_low:.3f}-{r.time_ratio_ci_high:.3f}]")  # fmt: skip
@@ -73,16 +75,23 @@ def aa(out: Path) -> None:
     both = ca.merge(cb, on=keys, suffixes=("_a", "_b"), how="inner").set_index(keys)
     agree = disagree = 0
     for key, r in both.iterrows():
-        sa, sb = pd.notna(r["crossover_bytes_a"]), pd.notna(r["crossover_bytes_b"])
-        if sa and sb:
+        located = bool(r["significant_a"]) and bool(r["significant_b"])
+        if located:
             same = int(r["crossover_bytes_a"]) == int(r["crossover_bytes_b"])
             agree += same
             disagree += not same
-            print(f"   crossover {key[0]} {key[3]}: a {int(r['crossover_bytes_a'])} B, b {int(r['crossover_bytes_b'])} B"
-                  f" {'(agree)' if same else '(DISAGREE)'}")  # fmt: skip
-    verdicts = (both["note_a"].fillna("") + "|" + both["note_b"].fillna("")).value_counts()
-    print(f"crossovers both runs call significant: {agree} agree, {disagree} disagree; "
-          f"verdict pairs (a|b): {dict(verdicts)}")  # fmt: skip
+        print(f"   crossover {key[0]:<15} {key[3]:<14} a: {_where(r, 'a'):<34} b: {_where(r, 'b'):<34}"
+              + (" (both located: " + ("agree)" if same else "DISAGREE)") if located else ""))  # fmt: skip
+    print(f"crossovers both runs locate (significant): {agree} agree, {disagree} disagree (target: 0 disagree)")
+
+
+def _where(r: pd.Series, run: str) -> str:
+    """A crossover of one run as 'low < x <= high' (bytes), '<= x', or its note."""
+    x, lo = r[f"crossover_bytes_{run}"], r[f"crossover_low_bytes_{run}"]
+    if pd.isna(x):
+        return str(r[f"note_{run}"] or "-")
+    tag = " located" if bool(r[f"significant_{run}"]) else ""
+    return (f"({int(lo)}, {int(x)}]" if pd.notna(lo) else f"<= {int(x)}") + tag
 
 
 def _busy(core: int) -> subprocess.Popen[bytes]:

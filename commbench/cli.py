@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a silent rank ends the run (default: 60)")
     r.add_argument("--warmup", type=_positive_int, help=f"untimed calls per phase before calibration {dflt('timing.warmup')}")
     r.add_argument("--min-time", type=_positive_float, help=f"minimum seconds per sample (calibrates k) {dflt('timing.min_time_s')}")
+    r.add_argument("--min-iters", type=_positive_int, help=f"minimum back-to-back ops per sample (nccl-tests' -n) {dflt('timing.min_iters')}")
     r.add_argument("--repeats", type=_positive_int, help=f"minimum samples per point (6 reach a 95 %% interval) {dflt('timing.repeats')}")
     r.add_argument("--target-ci", type=_positive_float, help=f"target relative half-width of each point's 95 %% interval {dflt('timing.target_ci')}")
     r.add_argument("--max-time", type=_positive_float, help=f"seconds of sampling per size before a point is left noisy {dflt('timing.budget_s')}")
@@ -250,7 +251,7 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
     else:
         suite = load_suite(args.suite or DEFAULT_SUITE)
     flags = (
-        ("warmup", args.warmup), ("min_time_s", args.min_time), ("repeats", args.repeats),
+        ("warmup", args.warmup), ("min_time_s", args.min_time), ("min_iters", args.min_iters), ("repeats", args.repeats),
         ("target_ci", args.target_ci), ("budget_s", args.max_time),
     )  # fmt: skip
     timing = {k: v for k, v in flags if v is not None}

@@ -77,8 +77,11 @@ class TimingConfig:
     """Untimed calls per phase before calibration (first-call costs: allocations, connection set-up)."""
     min_time_s: float = 0.01
     """A sample of k back-to-back ops lasts at least this long (k grows until it does)."""
-    min_iters: int = 1
-    """k is at least this (nccl-tests times 20 back-to-back ops; a long-enough sample amortises barrier skew)."""
+    min_iters: int = 20
+    """k is at least this: nccl-tests times 20 back-to-back ops, and so does a sample here. The first op after
+    the barrier that starts a sample runs faster than ops in a steady stream (measured on gloo: 1 MiB all_reduce
+    ~0.6-0.7x), so samples of one or a few ops print more bandwidth than a training step's back-to-back
+    collectives see."""
     repeats: int = 6
     """Minimum samples (rounds) per point; 6 is the fewest whose interval of the median reaches 95 %."""
     max_samples: int = 60
