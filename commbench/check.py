@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -182,31 +182,26 @@ def check_point(
     diff = got - ref
     comm_diff = got - given
     finite = bool(torch.isfinite(got).all())
-    err = torch.tensor(
-        [
-            float((diff * diff).sum()) if finite else math.inf,
-            float((ref * ref).sum()),
-            float(diff.abs().max()) if finite else math.inf,
-            float(wrong),
-            tol,
-            float((comm_diff * comm_diff).sum()) if finite else math.inf,
-            float((given * given).sum()),
-        ],
-        dtype=torch.float64,
-    )
-    stats = d.gather_floats(err.tolist())
-    max_abs = max(s[2] for s in stats)
-    wrong_total = int(sum(s[3] for s in stats))
-    tol = max(s[4] for s in stats)
-    rel_err = _rel(sum(s[0] for s in stats), sum(s[1] for s in stats))
-    comm_rel_err = _rel(sum(s[5] for s in stats), sum(s[6] for s in stats))
+    # This rank's partial statistics, each with how the ranks' values combine: squares add up, so the relative
+    # errors are over the whole result (not a mean of the ranks'); a largest error and a tolerance are maxima.
+    partial: dict[str, tuple[Callable[[Iterable[float]], float], float]] = {
+        "sq_diff": (sum, float((diff * diff).sum()) if finite else math.inf),
+        "sq_ref": (sum, float((ref * ref).sum())),
+        "max_abs": (max, float(diff.abs().max()) if finite else math.inf),
+        "wrong": (sum, float(wrong)),
+        "tol": (max, tol),
+        "sq_comm_diff": (sum, float((comm_diff * comm_diff).sum()) if finite else math.inf),
+        "sq_given": (sum, float((given * given).sum())),
+    }
+    stats = d.gather_floats([value for _, value in partial.values()])
+    total = {name: combine(s[i] for s in stats) for i, (name, (combine, _)) in enumerate(partial.items())}
     del ref, diff, got, given, comm_diff
     return Check(
-        wrong=wrong_total,
-        tolerance=tol,
-        rel_err=rel_err,
-        comm_rel_err=comm_rel_err,
-        max_abs_err=max_abs,
+        wrong=int(total["wrong"]),
+        tolerance=total["tol"],
+        rel_err=_rel(total["sq_diff"], total["sq_ref"]),
+        comm_rel_err=_rel(total["sq_comm_diff"], total["sq_given"]),
+        max_abs_err=total["max_abs"],
         timing_input=mine,
     )
 

@@ -8,8 +8,10 @@ the reported ``size_bytes`` is what crossed the wire.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,70 @@ SIZE_HELP = "bytes, or K/KB/KiB, M/MB/MiB, G/GB/GiB: all 1024-based like nccl-te
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 PAYLOADS = ("normal", "gradient", "outliers")
 BACKENDS = ("auto", "gloo", "nccl")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Settings: a config field declared with its default, one-line doc and rule, so that every config table (the
+# suite's [timing], the [training] table) checks its values in one place and words a bad one the same way.
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    accepts: Callable[[Any], bool] | None = None,
+    expect: str = "",
+    convert: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A config field: ``doc`` says what it is; a value ``accepts`` rejects is reported with ``expect``, the rule
+    in words; an accepted value other than None is stored as ``convert(value)``. Without ``accepts`` the owning
+    class checks the value itself."""
+    return field(default=default, metadata={"doc": doc, "accepts": accepts, "expect": expect, "convert": convert})
+
+
+def count(default: int, doc: str, *, least: int = 1) -> Any:
+    """An integer setting ``>= least``."""
+    return setting(default, doc, accepts=lambda v: _is_int(v) and v >= least, expect=f"int >= {least}")
+
+
+def positive(default: float | None, doc: str, *, below: float | None = None) -> Any:
+    """A finite float setting ``> 0`` (and ``< below``); an int is taken as that float. A None default means the
+    setting is optional: None stays valid."""
+    return setting(
+        default,
+        doc,
+        accepts=lambda v: (v is None and default is None) or (_is_number(v) and v > 0 and (below is None or v < below)),
+        expect="float > 0" if below is None else f"float in (0, {below:g})",
+        convert=float,
+    )
+
+
+def flag(default: bool, doc: str) -> Any:
+    """A boolean setting (TOML true or false)."""
+    return setting(default, doc, accepts=lambda v: isinstance(v, bool), expect="true or false")
+
+
+def check_settings(config: Any, table: str) -> None:
+    """Check every field of ``config`` declared with a rule; a bad value raises one ``ValueError`` line naming
+    ``table.field``, the value, what the field is and the rule. A float setting given as an int becomes a float."""
+    for f in fields(config):
+        accepts = f.metadata.get("accepts")
+        if accepts is None:
+            continue
+        v = getattr(config, f.name)
+        if not accepts(v):
+            expected = f"{f.metadata['doc']} ({f.metadata['expect']})"
+            raise ValueError(f"{table}.{f.name}={v!r} is not valid; expected {expected}")
+        if f.metadata["convert"] is not None and v is not None:
+            setattr(config, f.name, f.metadata["convert"](v))
 
 
 def parse_size(text: str | int) -> int:
@@ -73,41 +139,21 @@ class TimingConfig:
     """The timing protocol: warm up, calibrate k back-to-back ops per sample, then sample every precision of a
     size in alternating rounds until each one's 95 % interval is narrow enough or the size's budget is spent."""
 
-    warmup: int = 2
-    """Untimed calls per phase before calibration (first-call costs: allocations, connection set-up)."""
-    min_time_s: float = 0.01
-    """A sample of k back-to-back ops lasts at least this long (k grows until it does)."""
-    min_iters: int = 20
-    """k is at least this: nccl-tests times 20 back-to-back ops, and so does a sample here. The first op after
-    the barrier that starts a sample runs faster than ops in a steady stream (measured on gloo: 1 MiB all_reduce
-    ~0.6-0.7x), so samples of one or a few ops print more bandwidth than a training step's back-to-back
-    collectives see."""
-    repeats: int = 6
-    """Minimum samples (rounds) per point; 6 is the fewest whose interval of the median reaches 95 %."""
-    max_samples: int = 60
-    """Stop sampling a size after this many rounds even when the target is not reached (never below ``repeats``)."""
-    target_ci: float = 0.05
-    """Target relative half-width of each point's 95 % interval (0.05 = ±5 %); a point that misses it is noisy."""
-    budget_s: float = 4.0
-    """Seconds of sampling per size (all its precisions together) before giving up on the target."""
-    max_iters: int = 1000
-    """Upper bound on k."""
+    warmup: int = count(2, "untimed calls per phase before calibration (first-call costs: allocations, connections)")
+    min_time_s: float = positive(0.01, "seconds a sample of k back-to-back ops lasts at least (k grows until it does)")
+    # The first op after the barrier that starts a sample runs faster than ops in a steady stream (gloo, 1 MiB
+    # all_reduce: ~0.6-0.7x), so samples of one or a few ops print more bandwidth than back-to-back collectives get.
+    min_iters: int = count(20, "smallest k: at least 20 back-to-back ops per sample, as nccl-tests' loop times")
+    repeats: int = count(6, "minimum samples (rounds) per point; 6 is the fewest whose median's interval reaches 95 %")
+    max_samples: int = count(60, "rounds after which a size stops sampling, target reached or not (>= repeats)")
+    target_ci: float = positive(
+        0.05, "target relative half-width of each point's 95 % interval, e.g. 0.05 for ±5 %", below=1
+    )
+    budget_s: float = positive(4.0, "seconds of sampling per size (all its precisions together) before giving up")
+    max_iters: int = count(1000, "largest k (>= min_iters)")
 
     def __post_init__(self) -> None:
-        if self.warmup < 1:
-            raise ValueError(f"timing.warmup must be >= 1, got {self.warmup}")
-        if not self.min_time_s > 0:
-            raise ValueError(f"timing.min_time_s must be > 0, got {self.min_time_s}")
-        if self.min_iters < 1:
-            raise ValueError(f"timing.min_iters must be >= 1, got {self.min_iters}")
-        if self.repeats < 1:
-            raise ValueError(f"timing.repeats must be >= 1, got {self.repeats}")
-        if self.max_samples < 1:
-            raise ValueError(f"timing.max_samples must be >= 1, got {self.max_samples}")
-        if not 0 < self.target_ci < 1:
-            raise ValueError(f"timing.target_ci must be in (0, 1), e.g. 0.05 for ±5 %, got {self.target_ci}")
-        if not self.budget_s > 0:
-            raise ValueError(f"timing.budget_s must be > 0, got {self.budget_s}")
+        check_settings(self, "timing")
         if self.max_iters < self.min_iters:
             raise ValueError(f"timing.max_iters must be >= timing.min_iters ({self.min_iters}), got {self.max_iters}")
 

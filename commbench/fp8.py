@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import threading
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -141,9 +141,10 @@ class Scaling(ABC):
     def __init__(self, block: int) -> None:
         self.block = block
 
-    @abstractmethod
     def num_scales(self, numel: int) -> int:
-        """Length of the scale tensor :func:`quantize` returns for ``numel`` elements."""
+        """Length of the scale tensor :func:`quantize` returns for ``numel`` elements (one, like the other
+        defaults here: the whole tensor is one run; a mode with several runs overrides them together)."""
+        return 1
 
     def wire_scale_count(self, numel: int) -> int:
         """How many float32 scales travel with ``numel`` quantised elements."""
@@ -178,9 +179,6 @@ class TensorScaling(Scaling):
     name = "tensor"
     scaled = True
     kernel_mode = 0
-
-    def num_scales(self, numel: int) -> int:
-        return 1
 
 
 class BlockScaling(Scaling):
@@ -225,9 +223,6 @@ class NoScaling(Scaling):
     name = "none"
     scaled = False
     kernel_mode = 2
-
-    def num_scales(self, numel: int) -> int:
-        return 1
 
     def floor_scale(self, fmt: str, amax: float) -> float:
         return 1.0

@@ -67,12 +67,8 @@ NCCL_TYPES: dict[str, tuple[str, int]] = {
     "double": ("fp64", 8),
     "f8e4m3": ("fp8_e4m3", 1),
     "f8e5m2": ("fp8_e5m2", 1),
-    "int8": ("int8", 1),
-    "uint8": ("uint8", 1),
-    "int32": ("int32", 4),
-    "uint32": ("uint32", 4),
-    "int64": ("int64", 8),
-    "uint64": ("uint64", 8),
+    # integer types: the same name in both, the width in the name
+    **{f"{sign}int{bits}": (f"{sign}int{bits}", bits // 8) for bits in (8, 32, 64) for sign in ("", "u")},
 }
 
 # binary stem (`<stem>_perf`) -> collective name used in results

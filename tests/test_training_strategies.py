@@ -20,10 +20,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from commbench.records import TrainingStep, TrainingSummary
 from commbench.training import TrainingConfig
 from commbench.training.models import build_model
 from commbench.training.policies import Policy, get_policy, list_policies, register_policy, unregister_policy
-from commbench.training.records import TrainingStep, TrainingSummary
 from commbench.training.strategies import (
     ALL_REDUCE,
     DDP,

@@ -232,37 +232,32 @@ int cb_fp8_quantize(const float* x, uint8_t* q, float* scales, int64_t n, int64_
 }
 
 /* fp8 code -> float32 by bit arithmetic (vectorises; a table gather does not): normals re-bias the exponent,
-   subnormals are mantissa * step, specials map to inf/NaN. */
-static inline float dec_e4m3(uint32_t c) {
+   subnormals are mantissa * step, specials map to inf/NaN. One routine for both formats, parameterised by the
+   format's mantissa bits and exponent bias; callers pass constants, so each inlined copy folds to the
+   straight-line code of its format. IEEE-like formats (e5m2) spend the all-ones exponent on inf (mantissa 0)
+   and NaN, keeping the mantissa bits; a finite-only one (e4m3fn) has a single NaN code, 0x7F, and no inf. */
+static inline float dec_fp8(uint32_t c, const uint32_t MBITS, const uint32_t BIAS, const int FINITE_ONLY) {
+    const uint32_t mmask = (1u << MBITS) - 1u;
     uint32_t sign = (c & 0x80u) << 24, mag = c & 0x7Fu;
-    uint32_t nb = (mag << 20) + ((uint32_t)(127 - 7) << 23);
-    uint32_t sb = f2u((float)(int)(mag & 7u) * 0x1p-9f);
-    uint32_t sub = 0u - (uint32_t)(mag < 8u);
+    uint32_t nb = (mag << (23 - MBITS)) + ((127 - BIAS) << 23);
+    uint32_t sb = f2u((float)(int)(mag & mmask) * pow2(1 - (int)BIAS - (int)MBITS));
+    uint32_t sub = 0u - (uint32_t)(mag <= mmask);
     uint32_t r = (sb & sub) | (nb & ~sub);
-    uint32_t nan = 0u - (uint32_t)(mag == 0x7Fu);
-    r = (r & ~nan) | (0x7FC00000u & nan);
+    uint32_t spec = 0u - (uint32_t)(FINITE_ONLY ? mag == 0x7Fu : mag >= (0x7Fu & ~mmask));
+    uint32_t special = FINITE_ONLY ? 0x7FC00000u : 0x7F800000u | ((mag & mmask) << (23 - MBITS));
+    r = (r & ~spec) | (special & spec);
     return u2f(r | sign);
 }
 
-static inline float dec_e5m2(uint32_t c) {
-    uint32_t sign = (c & 0x80u) << 24, mag = c & 0x7Fu;
-    uint32_t nb = (mag << 21) + ((uint32_t)(127 - 15) << 23);
-    uint32_t sb = f2u((float)(int)(mag & 3u) * 0x1p-16f);
-    uint32_t sub = 0u - (uint32_t)(mag < 4u);
-    uint32_t r = (sb & sub) | (nb & ~sub);
-    uint32_t spec = 0u - (uint32_t)(mag >= 0x7Cu);
-    r = (r & ~spec) | ((0x7F800000u | ((mag & 3u) << 21)) & spec);
-    return u2f(r | sign);
+static inline void decode_fmt(const uint8_t* __restrict q, float* __restrict o, int64_t n, float sc, int acc,
+                              const uint32_t MBITS, const uint32_t BIAS, const int FINITE_ONLY) {
+    if (acc) for (int64_t i = 0; i < n; i++) o[i] += dec_fp8(q[i], MBITS, BIAS, FINITE_ONLY) * sc;
+    else for (int64_t i = 0; i < n; i++) o[i] = dec_fp8(q[i], MBITS, BIAS, FINITE_ONLY) * sc;
 }
 
 static void decode_range(const uint8_t* __restrict q, float* __restrict o, int64_t n, float sc, int fmt, int acc) {
-    if (fmt == 0) {
-        if (acc) for (int64_t i = 0; i < n; i++) o[i] += dec_e4m3(q[i]) * sc;
-        else for (int64_t i = 0; i < n; i++) o[i] = dec_e4m3(q[i]) * sc;
-    } else {
-        if (acc) for (int64_t i = 0; i < n; i++) o[i] += dec_e5m2(q[i]) * sc;
-        else for (int64_t i = 0; i < n; i++) o[i] = dec_e5m2(q[i]) * sc;
-    }
+    if (fmt == 0) decode_fmt(q, o, n, sc, acc, 3, 7, 1);   /* e4m3fn */
+    else decode_fmt(q, o, n, sc, acc, 2, 15, 0);           /* e5m2 */
 }
 
 /* out[i] (+)= fp8(q[i]) * scale of i's block (block = n for one scale). */

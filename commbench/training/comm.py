@@ -148,25 +148,33 @@ def _broadcast_coalesced(a: tuple[Any, ...], k: dict[str, Any]) -> _Sizes:
     return _by_dtype(_tensors(a[1] if len(a) > 1 else [])), (a[0] if a else None)
 
 
-_PATCHES: dict[str, tuple[str, _SizeFn]] = {
-    "all_reduce": ("all_reduce", _single(0, ("tensor",), 2)),
-    "all_reduce_coalesced": ("all_reduce", _listed(0, ("tensors",), 2)),
+# (op, how a call's size is read, the torch.distributed functions that issue it): one row per way of reading a
+# size, so the single-tensor variants of a collective (`*_single`, `*_tensor`, the legacy `_*_base`) share it.
+_OPS: tuple[tuple[str, _SizeFn, tuple[str, ...]], ...] = (
+    ("all_reduce", _single(0, ("tensor",), 2), ("all_reduce",)),
+    ("all_reduce", _listed(0, ("tensors",), 2), ("all_reduce_coalesced",)),
     # all_gather: nccl-tests size is the total output
-    "all_gather_single": ("all_gather", _single(0, ("output_tensor",), 2)),
-    "all_gather_into_tensor": ("all_gather", _single(0, ("output_tensor",), 2)),
-    "_all_gather_base": ("all_gather", _single(0, ("output_tensor",), 2)),
-    "all_gather": ("all_gather", _listed(0, ("tensor_list",), 2)),
+    (
+        "all_gather",
+        _single(0, ("output_tensor",), 2),
+        ("all_gather_single", "all_gather_into_tensor", "_all_gather_base"),
+    ),
+    ("all_gather", _listed(0, ("tensor_list",), 2), ("all_gather",)),
     # reduce_scatter: nccl-tests size is the total input
-    "reduce_scatter_single": ("reduce_scatter", _single(1, ("input",), 3)),
-    "reduce_scatter_tensor": ("reduce_scatter", _single(1, ("input",), 3)),
-    "_reduce_scatter_base": ("reduce_scatter", _single(1, ("input",), 3)),
-    "reduce_scatter": ("reduce_scatter", _listed(1, ("input_list",), 3)),
+    (
+        "reduce_scatter",
+        _single(1, ("input",), 3),
+        ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base"),
+    ),
+    ("reduce_scatter", _listed(1, ("input_list",), 3), ("reduce_scatter",)),
     # all_to_all: the per-rank buffer
-    "all_to_all_single": ("all_to_all", _single(1, ("input",), 4)),
-    "all_to_all": ("all_to_all", _listed(1, ("input_tensor_list",), 2)),
-    "broadcast": ("broadcast", _single(0, ("tensor",), 2)),
-    "_broadcast_coalesced": ("broadcast", _broadcast_coalesced),
-}
+    ("all_to_all", _single(1, ("input",), 4), ("all_to_all_single",)),
+    ("all_to_all", _listed(1, ("input_tensor_list",), 2), ("all_to_all",)),
+    ("broadcast", _single(0, ("tensor",), 2), ("broadcast",)),
+    ("broadcast", _broadcast_coalesced, ("_broadcast_coalesced",)),
+)
+_PATCHES: dict[str, tuple[str, _SizeFn]] = {name: (op, size) for op, size, names in _OPS for name in names}
+"""torch.distributed function name -> (the collective it issues, its size reader)."""
 
 
 class CommCounter:

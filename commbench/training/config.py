@@ -8,74 +8,39 @@ The defaults are a tiny GPT that runs every policy on 2 CPU ranks in well under 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from commbench.config import check_settings, count, flag, positive, setting
 from commbench.training.models import MODELS, check_shape
 from commbench.training.policies import list_policies
-
-
-def _positive_int(name: str, v: Any, lo: int = 1) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"training.{name}={v!r} is not valid; expected {_DOCS[name]}")
-
-
-def _positive_float(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"training.{name}={v!r} is not valid; expected {_DOCS[name]}")
-    return float(v)
 
 
 @dataclass(kw_only=True, slots=True)
 class TrainingConfig:
     """The validated `[training]` table (field order is the table's key order in metadata)."""
 
-    model: str = "gpt"
-    """Model to train: gpt, mlp or convnet."""
-    policies: list[str] | str = "all"
-    """"all" or a list of policy names; resolved to the list of names."""
-    steps: int = 5
-    """Measured steps per policy (int >= 1)."""
-    warmup_steps: int = 2
-    """Steps before timing starts (int >= 1; the last one carries the memory measurement)."""
-    batch_size: int = 8
-    """Samples per rank per step (int >= 1)."""
-    seq_len: int = 32
-    """Tokens per sample for the gpt (int >= 1)."""
-    d_model: int = 64
-    """Width: embedding (gpt), hidden size (mlp) or channels (convnet) (int >= 1)."""
-    n_layers: int = 2
-    """Blocks (int >= 1)."""
-    n_heads: int = 4
-    """Attention heads for the gpt (int >= 1, divides d_model)."""
-    vocab: int = 128
-    """Vocabulary (gpt) or number of classes (mlp, convnet) (int >= 2)."""
-    seed: int = 0
-    """Seed for weights and data (int >= 0)."""
-    lr: float = 1e-3
-    """AdamW learning rate (float > 0)."""
-    loss_multiplier: float = 1.0
-    """Factor applied to the loss before backward (float > 0; tiny values emulate tiny gradients)."""
-    init_std: float | None = None
-    """Optional std for all weight matrices (float > 0), default: torch's init."""
-    measure_memory: bool = True
-    """Measure peak memory on the last warm-up step (bool)."""
+    model: str = setting("gpt", "model to train: gpt, mlp or convnet")
+    policies: list[str] | str = setting("all", '"all" or a list of policy names; resolved to the list of names')
+    steps: int = count(5, "measured steps per policy")
+    warmup_steps: int = count(2, "steps before timing starts, the last one carrying the memory measurement")
+    batch_size: int = count(8, "samples per rank per step")
+    seq_len: int = count(32, "tokens per sample for the gpt")
+    d_model: int = count(64, "width: embedding (gpt), hidden size (mlp) or channels (convnet)")
+    n_layers: int = count(2, "blocks")
+    n_heads: int = count(4, "attention heads for the gpt, a divisor of d_model")
+    vocab: int = count(128, "vocabulary (gpt) or number of classes (mlp, convnet)", least=2)
+    seed: int = count(0, "seed for weights and data", least=0)
+    lr: float = positive(1e-3, "AdamW learning rate")
+    loss_multiplier: float = positive(1.0, "factor applied to the loss before backward (tiny values emulate tiny gradients)")
+    init_std: float | None = positive(None, "optional std for all weight matrices, default: torch's init")
+    measure_memory: bool = flag(True, "measure peak memory on the last warm-up step")
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"training.model={self.model!r} is not valid; valid: {', '.join(MODELS)}")
-        for name in ("steps", "warmup_steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads"):
-            _positive_int(name, getattr(self, name))
-        _positive_int("vocab", self.vocab, 2)
-        _positive_int("seed", self.seed, 0)
-        self.lr = _positive_float("lr", self.lr)
-        self.loss_multiplier = _positive_float("loss_multiplier", self.loss_multiplier)
-        if self.init_std is not None:
-            _positive_float("init_std", self.init_std)
-        if not isinstance(self.measure_memory, bool):
-            raise ValueError(f"training.measure_memory={self.measure_memory!r} is not valid; expected true or false")
+        check_settings(self, "training")
         self.policies = _resolve_policies(self.policies)
         check_shape(self)
 
@@ -104,24 +69,6 @@ class TrainingConfig:
         return dataclasses.replace(self, **changes)
 
 
-_DOCS: dict[str, str] = {
-    "policies": '"all" or a list of policy names',
-    "steps": "measured steps per policy (int >= 1)",
-    "warmup_steps": "steps before timing starts (int >= 1; the last one carries the memory measurement)",
-    "batch_size": "samples per rank per step (int >= 1)",
-    "seq_len": "tokens per sample for the gpt (int >= 1)",
-    "d_model": "width: embedding (gpt), hidden size (mlp) or channels (convnet) (int >= 1)",
-    "n_layers": "blocks (int >= 1)",
-    "n_heads": "attention heads for the gpt (int >= 1, divides d_model)",
-    "vocab": "vocabulary (gpt) or number of classes (mlp, convnet) (int >= 2)",
-    "seed": "seed for weights and data (int >= 0)",
-    "lr": "AdamW learning rate (float > 0)",
-    "loss_multiplier": "factor applied to the loss before backward (float > 0; tiny values emulate tiny gradients)",
-    "init_std": "optional std for all weight matrices (float > 0), default: torch's init",
-}
-"""The "expected ..." half of each error message (kept word for word from the dict-based validator)."""
-
-
 def _resolve_policies(value: Any) -> list[str]:
     valid = list_policies()
     if value == "all":
@@ -131,7 +78,7 @@ def _resolve_policies(value: Any) -> list[str]:
     if isinstance(value, tuple):
         value = list(value)
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"training.policies={value!r} is not valid; expected {_DOCS['policies']}")
+        raise ValueError(f'training.policies={value!r} is not valid; expected "all" or a list of policy names')
     for name in value:
         if name not in valid:
             raise ValueError(f"training.policies: unknown policy {name!r}; valid: all, {', '.join(valid)}")

@@ -40,13 +40,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from commbench import stats
+from commbench.records import TrainingStep, TrainingSummary
 from commbench.training import pitfalls as pitfalls_mod
 from commbench.training.comm import CommCounter, dtype_name, wire_bytes
 from commbench.training.config import TrainingConfig
 from commbench.training.memory import heap_in_use, measure_step_memory
 from commbench.training.models import build_model, loss_fn, make_batch, param_count, tokens_per_sample
 from commbench.training.policies import BASELINE, Policy, get_policy
-from commbench.training.records import TrainingStep, TrainingSummary
 from commbench.training.strategies import UNDERFLOW, FsdpUnit, Layout, autocast
 
 # --- one policy --------------------------------------------------------------------------------------
