@@ -32,6 +32,14 @@ def raw_loop(t: torch.Tensor, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def harness_sample(fn: Callable[[], None], k: int, barrier: Callable[[], None]) -> float:
+    """One sample as commbench's rounds take it: a barrier, then k back-to-back ops timed by the timing core."""
+    from commbench.timing import run_sample
+
+    barrier()
+    return run_sample(fn, k, sync=lambda: None, clock=time.perf_counter) / k
+
+
 def worker(rank: int, world: int, port: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -39,7 +47,7 @@ def worker(rank: int, world: int, port: int, q: mp.Queue) -> None:  # type: igno
     from commbench.collectives import get_collective
     from commbench.launch import Dist, WorldInfo
     from commbench.precision import get_precision
-    from commbench.timing import Stats, measure
+    from commbench.timing import Stats, calibrate
 
     d = Dist(
         info=WorldInfo(rank, world, rank, world, "127.0.0.1", port, "local"),
@@ -52,13 +60,15 @@ def worker(rank: int, world: int, port: int, q: mp.Queue) -> None:  # type: igno
         op = get_precision("fp32").make_op(coll, coll.layout(n, world), None, d.device)
         op.load(torch.randn(n))
         raw_t = torch.randn(n)
-        k = measure(op.comm, warmup=2, min_time_s=0.02, repeats=1, max_iters=100000, agree=d.agree_max, barrier=d.barrier).iters
+        for _ in range(2):
+            op.comm()
+        k = calibrate(op.comm, min_time_s=0.02, max_iters=100000, agree=d.agree_max, barrier=d.barrier)
         control_t = torch.randn(n)
         for _ in range(2):
             dist.all_reduce(raw_t)
             dist.all_reduce(control_t)
         sides: dict[str, Callable[[], float]] = {
-            "harness": lambda: measure(op.comm, warmup=0, min_time_s=1, repeats=1, max_iters=k, barrier=d.barrier, iters=k).samples[0],  # noqa: B023
+            "harness": lambda: harness_sample(op.comm, k, d.barrier),  # noqa: B023
             "raw": lambda: raw_loop(raw_t, k),  # noqa: B023
             "control": lambda: raw_loop(control_t, k),  # noqa: B023
         }

@@ -27,18 +27,22 @@ if TYPE_CHECKING:
 
 # torch >= 2.10 renamed the tensor-in/tensor-out collectives (*_single) and deprecates the old names.
 # Looked up per call, not once, so a CommCounter (training/comm.py) installed later still sees the calls.
+def dist_op(*names: str) -> Callable[..., Any]:
+    """The first of ``names`` that torch.distributed has (newest name first)."""
+    import torch.distributed as dist
+
+    for name in names:
+        fn = getattr(dist, name, None)
+        if fn is not None:
+            return fn  # type: ignore[no-any-return]
+    raise AttributeError(f"torch.distributed has none of {names}")
+
+
+ALL_GATHER_OPS = ("all_gather_single", "all_gather_into_tensor")
+
+
 def all_gather_tensor(*args: Any, **kwargs: Any) -> Any:
-    import torch.distributed as dist
-
-    fn: Callable[..., Any] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(*args, **kwargs)
-
-
-def reduce_scatter_tensor(*args: Any, **kwargs: Any) -> Any:
-    import torch.distributed as dist
-
-    fn: Callable[..., Any] = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(*args, **kwargs)
+    return dist_op(*ALL_GATHER_OPS)(*args, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +130,16 @@ class Collective(ABC):
             count=count(self.count_per_rank),
         )
 
-    @abstractmethod
+    dist_ops: ClassVar[tuple[str, ...]] = ()
+    """torch.distributed's out-of-place ``fn(out, inp, group=, async_op=)`` for this collective, newest name
+    first; a collective with another call shape overrides :meth:`run` instead."""
+
     def run(
         self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
     ) -> Any:
         """Run natively on tensors of the wire dtype (``out`` may be ``inp`` for in-place collectives); with
         ``async_op`` returns the torch ``Work`` handle, else None."""
+        return dist_op(*self.dist_ops)(out, inp, group=group, async_op=async_op)
 
     @abstractmethod
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
@@ -201,11 +209,7 @@ class AllGather(Collective):
     order = 1
     input_per_rank = True
     chunked_variant = "ChunkedAllGather"
-
-    def run(
-        self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
-    ) -> Any:
-        return all_gather_tensor(out, inp, group=group, async_op=async_op)
+    dist_ops = ALL_GATHER_OPS
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
         import torch
@@ -222,11 +226,7 @@ class ReduceScatter(Collective):
     order = 2
     output_per_rank = True
     chunked_variant = "ChunkedReduceScatter"
-
-    def run(
-        self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
-    ) -> Any:
-        return reduce_scatter_tensor(out, inp, group=group, async_op=async_op)
+    dist_ops = ("reduce_scatter_single", "reduce_scatter_tensor")
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
         import torch
@@ -246,13 +246,7 @@ class AllToAll(Collective):
     size_convention = "per-rank buffer"
     order = 3
     chunked_variant = "ChunkedAllToAll"
-
-    def run(
-        self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
-    ) -> Any:
-        import torch.distributed as dist
-
-        return dist.all_to_all_single(out, inp, group=group, async_op=async_op)
+    dist_ops = ("all_to_all_single",)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
         import torch

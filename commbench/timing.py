@@ -1,4 +1,4 @@
-"""The timing core: warm up, calibrate k back-to-back ops per sample, take R samples, and the statistics.
+"""The timing core: warm up, calibrate k back-to-back ops per sample, sample in rounds, and the statistics.
 
 No I/O and no torch.distributed here: the caller injects ``barrier`` (start samples together), ``agree``
 (max of a float across ranks, so every rank makes the same calibration decision and calls the collective
@@ -23,14 +23,6 @@ def _noop() -> None:
 
 def _identity(x: float) -> float:
     return x
-
-
-@dataclass(frozen=True, slots=True)
-class Measurement:
-    """Per-op times of one rank: ``samples`` in seconds, each the mean of ``iters`` back-to-back ops."""
-
-    samples: tuple[float, ...]
-    iters: int
 
 
 def run_sample(fn: Callable[[], None], k: int, *, sync: Callable[[], None], clock: Clock) -> float:
@@ -70,33 +62,6 @@ def calibrate(
             # Aim 20 % past the target so the next try usually passes.
             nxt = math.ceil(k * 1.2 * min_time_s / elapsed)
         k = min(max_iters, max(2 * k, nxt))
-
-
-def measure(
-    fn: Callable[[], None],
-    *,
-    warmup: int,
-    min_time_s: float,
-    repeats: int,
-    max_iters: int,
-    sync: Callable[[], None] = _noop,
-    clock: Clock = time.perf_counter,
-    agree: Callable[[float], float] = _identity,
-    barrier: Callable[[], None] = _noop,
-    iters: int | None = None,
-) -> Measurement:
-    """Warm up, calibrate (unless ``iters`` is given) and take ``repeats`` samples of per-op seconds."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    k = iters if iters is not None else calibrate(
-        fn, min_time_s=min_time_s, max_iters=max_iters, sync=sync, clock=clock, agree=agree, barrier=barrier
-    )
-    samples = []
-    for _ in range(repeats):
-        barrier()
-        samples.append(run_sample(fn, k, sync=sync, clock=clock) / k)
-    return Measurement(samples=tuple(samples), iters=k)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FAST = ["--min-time", "0.002", "--repeats", "3", "--warmup", "1", "--quiet", "--no-report", "--no-training"]
+FAST = ["--min-time", "0.002", "--min-iters", "1", "--repeats", "3", "--warmup", "1", "--quiet", "--no-report", "--no-training"]
 
 
 def commbench(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

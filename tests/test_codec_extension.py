@@ -199,7 +199,7 @@ def _world(rank: int, n: int) -> dict[str, Any]:
     # The toy collective through the sweep's point path, at a native and two codec precisions.
     suite = SuiteConfig(
         collectives=["toy_broadcast"], precisions=["fp32", "toy_int8", "fp8_e4m3"], min_bytes=4096, max_bytes=4096,
-        timing=TimingConfig(warmup=1, min_time_s=0.001, repeats=2, max_iters=4),
+        timing=TimingConfig(warmup=1, min_time_s=0.001, min_iters=1, repeats=2, max_iters=4),
     )  # fmt: skip
     d = Dist(
         info=WorldInfo(rank, n, rank, n, "127.0.0.1", 0, "local"), backend="gloo", device=torch.device("cpu"),

@@ -65,7 +65,7 @@ def test_a_busy_core_makes_its_rank_the_straggler(tmp_path: Path) -> None:
         proc = subprocess.run(
             [sys.executable, "-m", "commbench", "run", "--collectives", "all_reduce,all_gather", "--precisions", "fp32,bf16_compress",
              "-b", "32K", "-e", "16M", "-f", "2", "--nproc", "2", "--no-training", "--no-report", "--quiet",
-             "--min-time", "0.005", "--max-time", "0.5", "--out", str(tmp_path / "run")],
+             "--min-time", "0.005", "--min-iters", "1", "--max-time", "0.5", "--out", str(tmp_path / "run")],
             capture_output=True, text=True, timeout=200, env=env, cwd=tmp_path,
         )  # fmt: skip
     finally:

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from commbench.timing import calibrate, measure
+from commbench.timing import calibrate, run_sample
 
 
 class FakeClock:
@@ -38,12 +38,19 @@ def test_calibrate_respects_max_iters() -> None:
     assert calibrate(c.op, min_time_s=1.0, max_iters=64, clock=c) == 64
 
 
-def test_measure_divides_by_k_and_counts_calls() -> None:
+def test_rounds_divide_by_k_and_k_reaches_min_time() -> None:
     c = FakeClock(2e-3)
-    m = measure(c.op, warmup=3, min_time_s=0.01, repeats=4, max_iters=1000, clock=c)
-    assert all(s == pytest.approx(2e-3) for s in m.samples)
-    assert len(m.samples) == 4
-    assert m.iters * 2e-3 >= 0.01
+    r = _rounds(c, [[c.op]], min_rounds=4, max_rounds=4)
+    assert all(v == pytest.approx(2e-3) for v in r.samples[0][0][0])
+    assert r.rounds == 4
+    assert r.iters[0][0] * 2e-3 >= 0.01
+
+
+def test_min_iters_raises_k_past_the_calibrated_one() -> None:
+    # 1 ms per op and a 10 ms minimum calibrate k = 10; nccl-tests' 20 back-to-back ops win
+    c = FakeClock(1e-3)
+    r = _rounds(c, [[c.op]], min_iters=20, min_rounds=2, max_rounds=2)
+    assert r.iters == ((20,),)
 
 
 def test_agree_uses_slowest_rank() -> None:
@@ -54,17 +61,11 @@ def test_agree_uses_slowest_rank() -> None:
     assert k == 1
 
 
-def test_fixed_iters_skip_calibration() -> None:
-    c = FakeClock(1e-3)
-    m = measure(c.op, warmup=1, min_time_s=10.0, repeats=2, max_iters=10, clock=c, iters=3)
-    assert m.iters == 3 and c.calls == 1 + 2 * 3
-
-
 def test_sync_called_once_per_sample() -> None:
     c = FakeClock(1e-3)
     syncs = itertools.count()
-    measure(c.op, warmup=1, min_time_s=1e-3, repeats=5, max_iters=10, clock=c, sync=lambda: next(syncs), iters=2)
-    assert next(syncs) == 1 + 5  # one after warm-up, one per sample
+    t = run_sample(c.op, 5, sync=lambda: next(syncs), clock=c)
+    assert next(syncs) == 1 and c.calls == 5 and t == pytest.approx(5e-3)
 
 
 # --- interleaved rounds (measure_rounds) ----------------------------------------------------------------------

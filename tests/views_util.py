@@ -183,7 +183,7 @@ def fabricate_run(
         torch_version="2.13.0+cpu",
         nccl_version=None,
         suite={"name": "fabricated"},
-        timing={"warmup": 1, "min_time_s": 0.01, "repeats": 5, "max_iters": 1000},
+        timing={"warmup": 1, "min_time_s": 0.01, "min_iters": 1, "repeats": 5, "max_iters": 1000},
         argv=["commbench", "run"],
     )
     meta.update(meta_extra or {})
@@ -236,6 +236,8 @@ def real_run(base: Path, name: str = "a", precisions: str = "fp32,bf16") -> Path
         # short timing: views need real rows, not precise ones
         "--min-time",
         "0.002",
+        "--min-iters",
+        "1",
         "--repeats",
         "3",
         "--warmup",
@@ -260,6 +262,7 @@ factor = 4
 [timing]
 warmup = 1
 min_time_s = 0.002
+min_iters = 1
 repeats = 3
 
 [training]
