@@ -78,6 +78,9 @@ class Collective(ABC):
     bus_passes: ClassVar[int] = 1
     """nccl-tests' bus factor is ``bus_passes * (n-1)/n``: a rank sends (n-1)/n of ``size`` per pass over
     the ring; all_reduce makes two (reduce-scatter, then all-gather)."""
+    nccl_tree: ClassVar[bool] = False
+    """NCCL also runs it as a double binary tree (reduce up, broadcast down: all_reduce); the cost model's tree
+    algorithm applies to it."""
     input_per_rank: ClassVar[bool] = False
     """The input holds one rank's share (``total / n`` elements) rather than ``total`` (all_gather)."""
     output_per_rank: ClassVar[bool] = False
@@ -176,6 +179,7 @@ class AllReduce(Collective):
     size_convention = "buffer"
     order = 0
     bus_passes = 2
+    nccl_tree = True
     count_per_rank = False
     chunked_variant = "ChunkedAllReduce"
     chunked_encodings = 2

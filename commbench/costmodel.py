@@ -56,13 +56,16 @@ import datetime as _dt
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from commbench.collectives import Collective
 
 SCHEMA = "commbench.costmodel"
 SCHEMA_VERSION = 1
@@ -93,44 +96,49 @@ class Algorithm:
         return True
 
 
+def _registered(collective: str) -> Collective | None:
+    """The commbench collective of that name; None for one only nccl-tests logs bring (broadcast, reduce, ...)."""
+    from commbench.collectives import COLLECTIVES
+
+    return COLLECTIVES.get(collective)
+
+
 class Ring(Algorithm):
+    """A commbench collective's ring is its nccl-tests bus factor: ``bus_passes`` passes of n-1 steps, each rank
+    sending (n-1)/n of the size per pass. Collectives only imported from nccl-tests logs take the table."""
+
     name = "ring"
-    _STEPS = {
-        "all_reduce": lambda n: 2.0 * (n - 1),
-        "all_gather": lambda n: float(n - 1),
-        "reduce_scatter": lambda n: float(n - 1),
-        "all_to_all": lambda n: float(n - 1),
-        "broadcast": lambda n: float(n - 1),
-        "reduce": lambda n: float(n - 1),
-        "sendrecv": lambda n: 1.0,
-    }
-    _BYTES = {
-        "all_reduce": lambda n: 2.0 * (n - 1) / n,
-        "all_gather": lambda n: (n - 1) / n,
-        "reduce_scatter": lambda n: (n - 1) / n,
-        "all_to_all": lambda n: (n - 1) / n,
-        "broadcast": lambda n: 1.0,
-        "reduce": lambda n: 1.0,
-        "sendrecv": lambda n: 1.0,
+    _IMPORTED: dict[str, tuple[Callable[[int], float], Callable[[int], float]]] = {
+        # name: (latency steps, bandwidth factor); broadcast/reduce as a pipelined chain
+        "broadcast": (lambda n: float(n - 1), lambda n: 1.0),
+        "reduce": (lambda n: float(n - 1), lambda n: 1.0),
+        "sendrecv": (lambda n: 1.0, lambda n: 1.0),
     }
 
     def latency_steps(self, collective: str, n: int) -> float:
-        return self._STEPS[collective](n)
+        c = _registered(collective)
+        return float(c.bus_passes * (n - 1)) if c is not None else self._IMPORTED[collective][0](n)
 
     def bandwidth_factor(self, collective: str, n: int) -> float:
-        return self._BYTES[collective](n)
+        c = _registered(collective)
+        return c.bus_factor(n) if c is not None else self._IMPORTED[collective][1](n)
 
 
 class Tree(Ring):
+    """NCCL's double binary tree for the collectives that have one (``Collective.nccl_tree``: all_reduce):
+    2 log2(n) steps, the size up and down once each (pipelined); the others fall back to ring."""
+
     name = "tree"
 
     def latency_steps(self, collective: str, n: int) -> float:
-        if collective == "all_reduce":
+        c = _registered(collective)
+        if c is not None and c.nccl_tree:
             return 2.0 * math.log2(n)
         return super().latency_steps(collective, n)
 
     def bandwidth_factor(self, collective: str, n: int) -> float:
-        if collective == "all_reduce":
+        c = _registered(collective)
+        if c is not None and c.nccl_tree:
             return 2.0
         return super().bandwidth_factor(collective, n)
 
@@ -140,7 +148,8 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (Ring(), Tree())}
 
 def encode_factor(collective: str, n: int) -> float:
     """Fraction of the fp32 nccl-tests size one rank encodes (all_gather: its own shard)."""
-    return 1.0 / n if collective == "all_gather" else 1.0
+    c = _registered(collective)
+    return 1.0 / n if c is not None and c.input_per_rank else 1.0
 
 
 def decode_factor(collective: str, n: int) -> float:
