@@ -50,13 +50,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import torch
 
+from commbench.precision import torch_dtype
 from commbench.training.comm import bus_factor, dtype_name
 from commbench.training.policies import Policy
 from commbench.training.strategies import (
     ALL_REDUCE,
+    BF16,
     DDP,
+    FP32,
     FSDP1,
     FSDP2,
     SHORT,
@@ -74,7 +76,6 @@ from commbench.training.strategies import (
 if TYPE_CHECKING:
     from commbench.costmodel import CostModel
 
-FP32, BF16 = torch.float32, torch.bfloat16
 OVERLAP = 2.0 / 3.0
 """Default fraction of the compute time communication can hide behind (the backward pass: 4 of 6 Psi flops)."""
 KORTHIKANTI_PER_LAYER = (34.0, 5.0)
@@ -109,13 +110,14 @@ class PlanPrecision:
 
     name: str
     description: str
-    param_dtype: torch.dtype
-    """FSDP's param (gather and compute) dtype."""
-    reduce_dtype: torch.dtype | None
-    """FSDP's gradient reduce dtype; None: this precision has no FSDP form (its comm needs a DDP hook)."""
+    param_dtype_name: str
+    """torch's name of FSDP's param (gather and compute) dtype."""
+    reduce_dtype_name: str | None
+    """torch's name of FSDP's gradient reduce dtype; None: this precision has no FSDP form (its comm needs a DDP
+    hook)."""
     grad_comm: GradComm
     """The DDP comm hook."""
-    autocast: torch.dtype | None
+    autocast_name: str | None
     param_bytes: float
     grad_bytes: float
     master_bytes: float
@@ -248,11 +250,11 @@ class FlatStrategy(PlanStrategy):
     name: str
     description: str
     make: Any
-    """(param_dtype, reduce_dtype) -> Sharding."""
+    """(param dtype name, reduce dtype name) -> Sharding."""
 
     def policy(self, precision: PlanPrecision) -> Policy:
-        sharding = self.make(precision.param_dtype, precision.reduce_dtype or FP32)
-        if not sharding.takes_hooks and precision.reduce_dtype is None:
+        sharding = self.make(precision.param_dtype_name, precision.reduce_dtype_name or FP32)
+        if not sharding.takes_hooks and precision.reduce_dtype_name is None:
             raise ValueError(
                 f"{precision.name} gradient communication needs a DDP comm hook; {type(sharding).__name__} takes none"
             )
@@ -263,7 +265,7 @@ class FlatStrategy(PlanStrategy):
             description=f"{self.description}; {precision.description}",
             sharding=sharding,
             grad_comm=grad_comm,
-            autocast=precision.autocast,
+            autocast_name=precision.autocast_name,
         )
 
     def groups(self, policy: Policy, shape: Shape) -> list[GroupBytes]:
@@ -288,14 +290,16 @@ class HybridStrategy(PlanStrategy):
     description: str = "HSDP: FSDP2 within a node, gradient shards all-reduced across nodes"
 
     def policy(self, precision: PlanPrecision) -> Policy:
-        if precision.reduce_dtype is None:
+        if precision.reduce_dtype_name is None:
             raise ValueError(f"{precision.name} gradient communication needs a DDP comm hook; HSDP takes none")
         return Policy(
             name=f"{self.name}_{precision.name}",
             family="plan",
             description=f"{self.description}; {precision.description}",
-            sharding=FSDP2(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype),
-            autocast=precision.autocast,
+            sharding=FSDP2(
+                param_dtype_name=precision.param_dtype_name, reduce_dtype_name=precision.reduce_dtype_name
+            ),
+            autocast_name=precision.autocast_name,
         )
 
     def groups(self, policy: Policy, shape: Shape) -> list[GroupBytes]:
@@ -304,7 +308,7 @@ class HybridStrategy(PlanStrategy):
         units = policy.sharding.units(layout.units or (UnitShape(((int(shape.psi),),)),), g)
         inter: dict[str, float] = {}
         for u in units:  # each rank all-reduces its gradient shard with the ranks holding the same shard
-            key = f"all_reduce:{dtype_name(u.reduce_dtype)}"
+            key = f"all_reduce:{dtype_name(u.reduce_dtype_name)}"
             inter = merge_bytes(inter, {key: bus_factor("all_reduce", shape.nodes) * u.shard_numel * u.reduce_dtype.itemsize})
         calls = _calls(policy, layout, g)
         return [GroupBytes("intra", g, intra, calls), GroupBytes("inter", shape.nodes, inter, calls)]
@@ -319,10 +323,11 @@ STRATEGIES: dict[str, PlanStrategy] = {
         FlatStrategy("ddp", "DDP: replicated model and optimizer", lambda pd_, rd: DDP()),
         FlatStrategy("zero1", "ZeRO-1: ZeroRedundancyOptimizer over DDP", lambda pd_, rd: ZeRO1()),
         FlatStrategy("zero2", "ZeRO-2: FSDP1 SHARD_GRAD_OP",
-                     lambda pd_, rd: FSDP1(param_dtype=pd_, reduce_dtype=rd, reshard_after_forward=False)),
-        FlatStrategy("zero3", "ZeRO-3: FSDP1 FULL_SHARD", lambda pd_, rd: FSDP1(param_dtype=pd_, reduce_dtype=rd)),
+                     lambda pd_, rd: FSDP1(param_dtype_name=pd_, reduce_dtype_name=rd, reshard_after_forward=False)),
+        FlatStrategy("zero3", "ZeRO-3: FSDP1 FULL_SHARD",
+                     lambda pd_, rd: FSDP1(param_dtype_name=pd_, reduce_dtype_name=rd)),
         FlatStrategy("fsdp", "FSDP2 fully_shard (ZeRO-3 on FSDP2)",
-                     lambda pd_, rd: FSDP2(param_dtype=pd_, reduce_dtype=rd)),
+                     lambda pd_, rd: FSDP2(param_dtype_name=pd_, reduce_dtype_name=rd)),
         HybridStrategy(),
     )
 }  # fmt: skip
@@ -514,7 +519,8 @@ def _policy_options(policies: Sequence[Policy], parts: StateParts) -> list[_Opti
     out: list[_Option] = []
     for p in policies:
         # compute dtype: autocast's, or the sharding's own (FSDP's param dtype); activations are kept in it
-        elem = min([d.itemsize for d in (p.autocast, *p.sharding.grad_dtypes()) if d is not None] or [4])
+        names = (p.autocast_name, *p.sharding.grad_dtype_names())
+        elem = min([torch_dtype(d).itemsize for d in names if d is not None] or [4])
         out.append((FlatStrategy(p.name, p.description, None), (p.name, p.comm_dtype), p, parts, elem))
     return out
 

@@ -36,7 +36,7 @@ from tests.distutil import run_in_world
 
 WHY = missing_requirements()
 needs_root = pytest.mark.skipif(WHY is not None, reason=f"emulated hosts unavailable: {WHY}")
-BF16 = torch.bfloat16
+BF16 = "bfloat16"
 
 # --- formulas -------------------------------------------------------------------------------------------------
 
@@ -52,7 +52,7 @@ def test_hsdp_bytes_split_between_the_node_and_the_network() -> None:
         "reduce_scatter:float": pytest.approx((g - 1) / g * g * shard * 4),
     }
     assert split[INTER] == {"all_reduce:float": pytest.approx(2 * (r - 1) / r * shard * 4)}
-    bf16 = HSDP(param_dtype=BF16, reduce_dtype=BF16).comm_by_link(psi=psi, world_size=n, nodes=nodes)
+    bf16 = HSDP(param_dtype_name=BF16, reduce_dtype_name=BF16).comm_by_link(psi=psi, world_size=n, nodes=nodes)
     assert bf16[INTER] == {"all_reduce:bfloat16": pytest.approx(2 * (r - 1) / r * shard * 2)}
     # the capacity planner's question: 70B, 64 nodes x 8 GPUs, bf16 gradients across the network per GPU
     big = get_policy("hsdp_bf16").comm_by_link(psi=70e9, world_size=512, nodes=64)

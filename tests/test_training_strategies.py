@@ -46,7 +46,7 @@ N = 2
 def test_ddp_bytes_are_two_n_minus_one_over_n_psi_bytes(psi: float, n: int) -> None:
     ring = 2 * (n - 1) / n
     assert DDP().comm_bytes(psi=psi, world_size=n) == {"all_reduce:float": pytest.approx(ring * psi * 4)}
-    fp16 = DDP().comm_bytes(psi=psi, world_size=n, grad_comm=CastHook(torch.float16))
+    fp16 = DDP().comm_bytes(psi=psi, world_size=n, grad_comm=CastHook("float16"))
     assert fp16 == {"all_reduce:half": pytest.approx(ring * psi * 2)}
     # fp8 codec: 1 byte per element (+ one fp32 scale per chunk, + padding), all_to_all + all_gather
     fp8 = DDP().comm_bytes(psi=psi, world_size=n, grad_comm=CodecHook("fp8_e4m3"))
@@ -82,7 +82,7 @@ def test_zero_paper_figure_1_memory() -> None:
         "baseline": (DDP(), (2 + 2 + k) * psi, 120.0),
         "P_os": (ZeRO1(), 2 * psi + 2 * psi + k * psi / nd, 31.4),
         # ZeRO-2 keeps the (bf16) parameters whole; torch's SHARD_GRAD_OP keeps them from forward to backward
-        "P_os+g": (FSDP1(reshard_after_forward=False, param_dtype=torch.bfloat16), 2 * psi + (2 + k) * psi / nd, 16.6),
+        "P_os+g": (FSDP1(reshard_after_forward=False, param_dtype_name="bfloat16"), 2 * psi + (2 + k) * psi / nd, 16.6),
         "P_os+g+p": (FSDP1(), (2 + 2 + k) * psi / nd, 1.9),
     }
     for name, (sharding, formula, paper_gb) in stages.items():
@@ -126,7 +126,7 @@ def test_training_records_keep_the_csv_columns() -> None:
 
 def test_a_sharded_policy_refuses_a_ddp_hook() -> None:
     with pytest.raises(ValueError, match="takes no gradient hook"):
-        Policy(name="bad", family="fsdp1", description="", sharding=FSDP1(), grad_comm=CastHook(torch.bfloat16))
+        Policy(name="bad", family="fsdp1", description="", sharding=FSDP1(), grad_comm=CastHook("bfloat16"))
     assert Policy(name="ok", family="fsdp1", description="", sharding=FSDP1(), grad_comm=ALL_REDUCE)
 
 

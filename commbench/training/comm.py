@@ -28,13 +28,13 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from commbench.collectives import COLLECTIVES
 from commbench.precision import nccl_type_name
+
+if TYPE_CHECKING:  # torch is imported where tensors are met: the byte formulas (`bus_factor`) need none
+    import torch
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -91,10 +91,14 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _group_size(group: Any) -> int:
+    import torch.distributed as dist
+
     return int(dist.get_world_size(group))
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
+    import torch
+
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, (list, tuple)):
@@ -114,7 +118,7 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, *names: str)
 
 # A size function reads a call's arguments and returns ([(nccl-tests size in bytes, dtype), ...], group);
 # list-taking ops may mix dtypes (DDP broadcasts float and int64 buffers together).
-_Sizes = tuple[list[tuple[int, torch.dtype]], Any]
+_Sizes = tuple[list[tuple[int, "torch.dtype"]], Any]
 _SizeFn = Callable[[tuple[Any, ...], dict[str, Any]], _Sizes]
 
 
@@ -201,6 +205,8 @@ class CommCounter:
     def __enter__(self) -> CommCounter:
         if CommCounter._installed is not None:
             raise RuntimeError("a CommCounter is already installed")
+        import torch.distributed as dist
+
         for name, (op, size_fn) in _PATCHES.items():
             orig = getattr(dist, name, None)
             if orig is None:
@@ -211,6 +217,8 @@ class CommCounter:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        import torch.distributed as dist
+
         for name, orig in self._originals.items():
             setattr(dist, name, orig)
         self._originals.clear()
@@ -251,6 +259,8 @@ class CommCounter:
         """ "inter" when `group`'s ranks sit on more than one node, else "intra"."""
         if self.node_of_rank is None:
             return "intra"
+        import torch.distributed as dist
+
         ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
         return "inter" if len({self.node_of_rank[r] for r in ranks}) > 1 else "intra"
 

@@ -39,13 +39,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
-import torch
-
+from commbench.precision import torch_dtype
 from commbench.training.strategies import (
     ADAM_FP32,
     ALL_REDUCE,
+    BF16,
     DDP,
+    FP16,
+    FP32,
     FSDP1,
     FSDP2,
     HSDP,
@@ -68,6 +71,9 @@ from commbench.training.strategies import (
     merge_bytes,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Policy:
@@ -85,12 +91,17 @@ class Policy:
     """DDP gradient hook (sharded wrappers communicate in their reduce dtype instead)."""
     loss_scaling: LossScaling = NO_SCALING
     """Loss scaler."""
-    autocast: torch.dtype | None = None
-    """Autocast compute dtype, or None for no autocast."""
+    autocast_name: str | None = None
+    """torch's name of the autocast compute dtype, or None for no autocast."""
 
     def __post_init__(self) -> None:
         if self.grad_comm != ALL_REDUCE and not self.sharding.takes_hooks:
             raise ValueError(f"policy {self.name!r}: {type(self.sharding).__name__} takes no gradient hook")
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        """Autocast compute dtype, or None for no autocast."""
+        return None if self.autocast_name is None else torch_dtype(self.autocast_name)
 
     @property
     def comm_dtype(self) -> str:
@@ -101,9 +112,9 @@ class Policy:
     def grad_low_dtype(self) -> str:
         """The lowest precision a gradient passes through (compute or communication): fp32|bf16|fp16|fp8_e4m3."""
         cands = [self.comm_dtype]
-        if self.autocast is not None:
-            cands.append(SHORT[self.autocast])
-        cands.extend(SHORT[d] for d in self.sharding.grad_dtypes())
+        if self.autocast_name is not None:
+            cands.append(SHORT[self.autocast_name])
+        cands.extend(SHORT[d] for d in self.sharding.grad_dtype_names())
         return min(cands, key=list(UNDERFLOW).index)
 
     @property
@@ -141,8 +152,6 @@ class Policy:
         return [msg] if msg else []
 
 
-BF16, FP16 = torch.bfloat16, torch.float16
-
 # One constructor per large family: its rows then differ only in what makes each policy itself.
 _ddp, _zero = partial(Policy, family="ddp"), partial(Policy, family="zero")
 
@@ -154,17 +163,19 @@ def _bf16_params(family: str, label: str, sharding: type[FSDP2], reduces: str) -
             name=f"{family}_bf16{suffix}",
             family=family,
             description=f"{label}, params bf16, {reduces} {SHORT[reduce_dtype]}",
-            sharding=sharding(param_dtype=BF16, reduce_dtype=reduce_dtype),
+            sharding=sharding(param_dtype_name=BF16, reduce_dtype_name=reduce_dtype),
         )
-        for suffix, reduce_dtype in (("_fp32reduce", torch.float32), ("", BF16))
+        for suffix, reduce_dtype in (("_fp32reduce", FP32), ("", BF16))
     )
 
 
 _POLICIES: tuple[Policy, ...] = (
     _ddp(name="fp32", description="DDP, fp32 compute and all-reduce (baseline)"),
-    _ddp(name="amp_bf16", description="DDP, autocast bf16", autocast=BF16),
-    _ddp(name="amp_fp16", description="DDP, autocast fp16 + GradScaler", autocast=FP16, loss_scaling=GradScaling()),
-    _ddp(name="amp_fp16_noscaler", description="DDP, autocast fp16 without loss scaling (pitfall)", autocast=FP16),
+    _ddp(name="amp_bf16", description="DDP, autocast bf16", autocast_name=BF16),
+    _ddp(
+        name="amp_fp16", description="DDP, autocast fp16 + GradScaler", autocast_name=FP16, loss_scaling=GradScaling()
+    ),
+    _ddp(name="amp_fp16_noscaler", description="DDP, autocast fp16 without loss scaling (pitfall)", autocast_name=FP16),
     _ddp(name="fp16_hook", description="DDP, fp32 compute, fp16 gradient all-reduce hook", grad_comm=CastHook(FP16)),
     _ddp(name="bf16_hook", description="DDP, fp32 compute, bf16 gradient all-reduce hook", grad_comm=CastHook(BF16)),
     _ddp(
@@ -177,7 +188,7 @@ _POLICIES: tuple[Policy, ...] = (
         name="fsdp2_fp16_scaler",
         family="fsdp2",
         description="FSDP2, params fp16, reduce-scatter fp16, ShardedGradScaler",
-        sharding=FSDP2(param_dtype=FP16, reduce_dtype=FP16),
+        sharding=FSDP2(param_dtype_name=FP16, reduce_dtype_name=FP16),
         loss_scaling=ShardedGradScaling(),
     ),
     Policy(
@@ -191,14 +202,14 @@ _POLICIES: tuple[Policy, ...] = (
         name="fsdp1_bf16",
         family="fsdp1",
         description="FSDP1 FULL_SHARD, MixedPrecision(param bf16, reduce fp32, buffers bf16)",
-        sharding=FSDP1(param_dtype=BF16, reduce_dtype=torch.float32, buffer_dtype=BF16),
+        sharding=FSDP1(param_dtype_name=BF16, reduce_dtype_name=FP32, buffer_dtype_name=BF16),
     ),
     _zero(name="zero1_fp32", description="ZeRO-1: ZeroRedundancyOptimizer + DDP, fp32", sharding=ZeRO1()),
     _zero(
         name="zero1_bf16",
         description="ZeRO-1: ZeroRedundancyOptimizer + DDP, autocast bf16, bf16 hook",
         sharding=ZeRO1(),
-        autocast=BF16,
+        autocast_name=BF16,
         grad_comm=CastHook(BF16),
     ),
     _zero(
@@ -209,13 +220,13 @@ _POLICIES: tuple[Policy, ...] = (
     _zero(
         name="zero2_bf16",
         description="ZeRO-2: FSDP1 SHARD_GRAD_OP, params/reduce bf16",
-        sharding=FSDP1(reshard_after_forward=False, param_dtype=BF16, reduce_dtype=BF16),
+        sharding=FSDP1(reshard_after_forward=False, param_dtype_name=BF16, reduce_dtype_name=BF16),
     ),
     _zero(name="zero3_fp32", description="ZeRO-3: FSDP1 FULL_SHARD, fp32", sharding=FSDP1()),
     _zero(
         name="zero3_bf16",
         description="ZeRO-3: FSDP1 FULL_SHARD, params/reduce bf16",
-        sharding=FSDP1(param_dtype=BF16, reduce_dtype=BF16),
+        sharding=FSDP1(param_dtype_name=BF16, reduce_dtype_name=BF16),
     ),
 )
 

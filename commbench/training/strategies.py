@@ -34,19 +34,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from commbench.precision import torch_dtype
 from commbench.training.comm import bus_factor, dtype_name
 
 if TYPE_CHECKING:
+    import torch
     import torch.nn as nn
 
     from commbench.training.hooks import HookFn
 
-FP32 = torch.float32
+# Dtypes are stored by torch's name for them (``torch.<name>``, as in `commbench.precision`) and resolved with
+# `torch_dtype` only where tensors or torch objects are made, so the policy registry (`commbench list`) and the
+# byte formulas' inputs need no torch at import.
 
-SHORT: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-"""Report names of the compute/communication dtypes."""
+FP32, FP16, BF16 = "float32", "float16", "bfloat16"
+
+SHORT: dict[str, str] = {FP32: "fp32", FP16: "fp16", BF16: "bf16"}
+"""Report names of the compute/communication dtypes, by torch's name."""
 
 UNDERFLOW: dict[str, tuple[float, float]] = {
     # Per-tensor scaling maps the amax to 448: relative to the amax, half e4m3's smallest subnormal.
@@ -130,9 +134,17 @@ class FsdpUnit:
     """One FSDP unit as the formulas see it: its shard size, dtypes and how often it is all-gathered."""
 
     shard_numel: int
-    param_dtype: torch.dtype
-    reduce_dtype: torch.dtype
+    param_dtype_name: str
+    reduce_dtype_name: str
     gathers: int
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return torch_dtype(self.param_dtype_name)
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        return torch_dtype(self.reduce_dtype_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,11 +248,16 @@ class AllReduceHook(GradComm):
 class CastHook(GradComm):
     """Cast the bucket to `dtype`, all-reduce (mean), copy back into the fp32 bucket."""
 
-    dtype: torch.dtype = torch.bfloat16
+    dtype_name: str = BF16
+    """torch's name of the wire dtype."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype_name)
 
     @property
     def wire(self) -> str:  # type: ignore[override]
-        return SHORT[self.dtype]
+        return SHORT[self.dtype_name]
 
     def hook(self) -> HookFn:
         from commbench.training.hooks import cast_hook
@@ -325,6 +342,8 @@ class GradScaling(LossScaling):
     reduces_found_inf: bool = False
 
     def make(self, device: torch.device) -> Any:
+        import torch
+
         return torch.amp.GradScaler(device.type)
 
 
@@ -395,6 +414,8 @@ class Sharding(ABC):
         """`model` wrapped for `world` (its `psi` unused; `grad_comm` installed where the wrapper takes hooks)."""
 
     def _optimizer(self, params: list[Any], lr: float) -> Any:
+        import torch
+
         return torch.optim.AdamW(params, lr=lr)
 
     def comm_bytes(
@@ -441,8 +462,9 @@ class Sharding(ABC):
         """Report name of the dtype the gradients are communicated in."""
         return grad_comm.wire
 
-    def grad_dtypes(self) -> tuple[torch.dtype, ...]:
-        """Dtypes the gradients pass through in this wrapper's own arithmetic (beyond autocast and comm)."""
+    def grad_dtype_names(self) -> tuple[str, ...]:
+        """torch's names of the dtypes the gradients pass through in this wrapper's own arithmetic (beyond
+        autocast and comm)."""
         return ()
 
     @property
@@ -460,6 +482,7 @@ class DDP(Sharding):
     takes_hooks: bool = True
 
     def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
+        import torch
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(
@@ -492,6 +515,7 @@ class ZeRO1(DDP):
     """ZeRO-1 in torch: ZeroRedundancyOptimizer (optimizer state partitioned) over DDP."""
 
     def _optimizer(self, params: list[Any], lr: float) -> Any:
+        import torch
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
@@ -510,25 +534,33 @@ class ZeRO1(DDP):
 class _Fsdp(Sharding):
     """What FSDP1 and FSDP2 share: mixed-precision dtypes, units, the all-gather/reduce-scatter formula."""
 
-    param_dtype: torch.dtype = FP32
-    """Dtype the parameters are all-gathered and computed in."""
-    reduce_dtype: torch.dtype = FP32
-    """Dtype of the gradient reduce-scatter."""
+    param_dtype_name: str = FP32
+    """torch's name of the dtype the parameters are all-gathered and computed in."""
+    reduce_dtype_name: str = FP32
+    """torch's name of the dtype of the gradient reduce-scatter."""
     reshard_after_forward: bool = True
     """Free the gathered parameters after forward (FULL_SHARD / ZeRO-3) or keep them (ZeRO-2)."""
     shards_grads: bool = True
     takes_hooks: bool = False
 
     @property
+    def param_dtype(self) -> torch.dtype:
+        return torch_dtype(self.param_dtype_name)
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        return torch_dtype(self.reduce_dtype_name)
+
+    @property
     def mixed(self) -> bool:
         """Mixed precision is on (BatchNorm then becomes its own fp32 unit)."""
-        return self.param_dtype != FP32 or self.reduce_dtype != FP32
+        return self.param_dtype_name != FP32 or self.reduce_dtype_name != FP32
 
     def comm_dtype(self, grad_comm: GradComm) -> str:
-        return SHORT[self.reduce_dtype]
+        return SHORT[self.reduce_dtype_name]
 
-    def grad_dtypes(self) -> tuple[torch.dtype, ...]:
-        return (self.param_dtype,)
+    def grad_dtype_names(self) -> tuple[str, ...]:
+        return (self.param_dtype_name,)
 
     def describe(self, model: nn.Module) -> tuple[UnitShape, ...]:
         return unit_shapes(model, self.mixed)
@@ -543,7 +575,7 @@ class _Fsdp(Sharding):
         for u in shapes:
             size = self.shard_numel(u.shapes, world_size)
             if size:
-                pd, rd = (FP32, FP32) if u.keep_fp32 else (self.param_dtype, self.reduce_dtype)
+                pd, rd = (FP32, FP32) if u.keep_fp32 else (self.param_dtype_name, self.reduce_dtype_name)
                 out.append(FsdpUnit(size, pd, rd, 2 if self.reshard_after_forward and not u.root else 1))
         return out
 
@@ -557,10 +589,14 @@ class _Fsdp(Sharding):
         for u in self.units(w.layout.units or (UnitShape(((int(w.psi),),)),), n):
             _add(
                 out,
-                f"all_gather:{dtype_name(u.param_dtype)}",
+                f"all_gather:{dtype_name(u.param_dtype_name)}",
                 u.gathers * ag * n * u.shard_numel * u.param_dtype.itemsize,
             )
-            _add(out, f"reduce_scatter:{dtype_name(u.reduce_dtype)}", rs * n * u.shard_numel * u.reduce_dtype.itemsize)
+            _add(
+                out,
+                f"reduce_scatter:{dtype_name(u.reduce_dtype_name)}",
+                rs * n * u.shard_numel * u.reduce_dtype.itemsize,
+            )
         return out
 
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
@@ -581,8 +617,8 @@ class FSDP1(_Fsdp):
     """FullyShardedDataParallel: FULL_SHARD (ZeRO-3) or SHARD_GRAD_OP (ZeRO-2), `MixedPrecision`."""
 
     kind: str = "fsdp1"
-    buffer_dtype: torch.dtype | None = None
-    """Dtype of buffers (None keeps fp32)."""
+    buffer_dtype_name: str | None = None
+    """torch's name of the dtype of buffers (None keeps fp32)."""
 
     def shard_numel(self, shapes: Sequence[tuple[int, ...]], world_size: int) -> int:
         # one flat parameter per unit, padded to a multiple of n
@@ -594,10 +630,9 @@ class FSDP1(_Fsdp):
 
         block_types = {type(b) for b in blocks(model)}
         mp = None
-        if self.mixed or self.buffer_dtype:
-            mp = MixedPrecision(
-                param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype, buffer_dtype=self.buffer_dtype
-            )
+        if self.mixed or self.buffer_dtype_name:
+            buffer_dtype = torch_dtype(self.buffer_dtype_name) if self.buffer_dtype_name else None
+            mp = MixedPrecision(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype, buffer_dtype=buffer_dtype)
         return FullyShardedDataParallel(
             model,
             device_id=device,
@@ -634,7 +669,8 @@ class FSDP2(_Fsdp):
         if self.mixed:
             # BatchNorm kept in fp32 as its own unit, as FSDP1's MixedPrecision does by default
             # (`_module_classes_to_ignore`); its inputs are cast to fp32 on the way in.
-            keep = MixedPrecisionPolicy(param_dtype=FP32, reduce_dtype=FP32)
+            fp32 = torch_dtype(FP32)
+            keep = MixedPrecisionPolicy(param_dtype=fp32, reduce_dtype=fp32)
             for bn in batchnorms(model):
                 fully_shard(bn, mesh=mesh, mp_policy=keep, reshard_after_forward=reshard)
         for block in blocks(model):
@@ -673,7 +709,7 @@ class HSDP(FSDP2):
         inter: dict[str, float] = {}
         ar = bus_factor("all_reduce", r)
         for u in self.units(w.layout.units or (UnitShape(((int(w.psi),),)),), g):
-            _add(inter, f"all_reduce:{dtype_name(u.reduce_dtype)}", ar * u.shard_numel * u.reduce_dtype.itemsize)
+            _add(inter, f"all_reduce:{dtype_name(u.reduce_dtype_name)}", ar * u.shard_numel * u.reduce_dtype.itemsize)
         if r == 1:  # one node: the replicate group is that node's own ranks
             intra, inter = merge_bytes(intra, inter), {}
         return {INTRA: intra, INTER: inter}
@@ -688,7 +724,11 @@ class HSDP(FSDP2):
 
 def autocast(dtype: torch.dtype | None, device: torch.device) -> Any:
     """The autocast context for a compute dtype (None: no autocast)."""
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+    if dtype is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(device.type, dtype=dtype)
 
 
 __all__ = [
