@@ -14,5 +14,17 @@ def _exit(code: int) -> None:
     launch.exit_process(code)
 
 
+def _run() -> int:
+    try:
+        return main()
+    except BrokenPipeError:
+        # `python -m commbench list | head`: the reader left; say nothing more (Python docs, "Note on SIGPIPE").
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
 if __name__ == "__main__":
-    _exit(main())
+    _exit(_run())
