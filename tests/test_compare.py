@@ -175,15 +175,22 @@ def test_ratio_frame_flags_a_real_slowdown_and_not_identical_runs() -> None:
     assert set(same["verdict"]) == {"no significant difference"}
 
 
-def test_ratio_frame_widens_intervals_by_the_spread_between_points() -> None:
+def test_ratio_frame_judges_many_ratios_together() -> None:
     from commbench.compare import ratio_frame
 
-    # B scatters +-10 % around A point by point, far beyond each point's +-1 % interval: that is noise between
-    # runs, and a family-wide heterogeneity term keeps it from being called a difference
-    a = [100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0]
-    b = [t * f for t, f in zip(a, [1.1, 0.9, 1.1, 0.9, 1.1, 0.9], strict=True)]
-    rf = ratio_frame(_aligned(a, b, 0.01), ["A", "B"])
-    assert not rf["significant"].any()
+    # 40 points, B within +-3.5 % of A, each time with a +-2 % interval: a few ratios' marginal 95 % intervals
+    # exclude 1 (|log ratio| > 1.96 * sqrt(2) * se), but none survives the adjustment for 40 comparisons;
+    # one real 30 % slowdown among them still does.
+    a = [100.0 * 1.5**i for i in range(40)]
+    jitter = [1.0 + 0.035 * math.sin(7.0 * i) for i in range(40)]
+    b = [t * j for t, j in zip(a, jitter, strict=True)]
+    b[17] *= 1.3
+    rf = ratio_frame(_aligned(a, b, 0.02), ["A", "B"])
+    se = (math.log(1.02) - math.log(0.98)) / (2 * 1.959963984540054) * math.sqrt(2)
+    marginal = sum(abs(math.log(j)) > 1.959963984540054 * se for j in jitter)
+    assert marginal >= 2  # the example is not trivially quiet
+    assert rf["significant"].tolist() == [i == 17 for i in range(40)]
+    assert rf["verdict"].iloc[17] == "B slower" and int(rf["n_compared"].iloc[0]) == 40
 
 
 def test_ratio_frame_without_intervals_gives_no_verdict() -> None:
