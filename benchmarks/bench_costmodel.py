@@ -91,15 +91,9 @@ def main() -> int:
 
     meas = results.load(dirs[args.check_world])
     meas = meas[meas["size_bytes"] >= args.min_check]
-    # the layout predicted: its rank threads per core (the fit divided out each fitted run's own)
-    share = costmodel.cpu_oversubscription(results.load_metadata(dirs[args.check_world]))
-    fitted = sorted({costmodel.cpu_oversubscription(results.load_metadata(dirs[n])) for n in fit_worlds})
-    print(f"# CPU share (rank threads per core): fitted runs {fitted}, predicted run {share}")
     rows = []
     for r in meas.itertuples():
-        p = model.predict(
-            r.collective, r.precision, world_size=int(r.world_size), nbytes=float(r.size_bytes), oversubscription=share
-        )
+        p = model.predict(r.collective, r.precision, world_size=int(r.world_size), nbytes=float(r.size_bytes))
         t = float(r.time_us) * 1e-6
         rows.append(
             {

@@ -26,14 +26,6 @@ sends; both come from the algorithm assumed (:data:`ALGORITHMS`):
   composes. A ``world`` fit over several nodes lumps both levels into one alpha and beta: valid only for the
   layout (ranks per node) it was fitted on.
 
-**CPU share.** On a CPU backend (gloo on CPU) the ranks of a node do the copies and reductions on its cores; with
-more rank threads than cores (``nproc_per_node * threads_per_rank > cpu_count``), each rank gets a share of a core
-and everything it does takes ``u = nproc_per_node * threads_per_rank / cpu_count`` times longer. The fit divides
-that out (``time = u * (alpha*A(n) + S*beta*B(n))``, ``u`` from each run's metadata; 1 on GPUs and when the cores
-suffice) and :meth:`CostModel.predict` takes the ``oversubscription`` of the layout asked about (default 1: one
-core or GPU per rank). Without this term, fits on 2 and 4 ranks of a 2-core machine mix a 1x and a 2x CPU share
-and cannot predict 3 ranks (1.5x).
-
 Codec cost (encode before, decode after the collective; ``encode_us``/``decode_us``) is fitted as
 ``c0 + c1 * F * E(n)`` where ``F`` is the fp32 nccl-tests size and ``E(n)`` the fraction of it a rank encodes
 (all_gather encodes its own input shard, ``1/n``; the other collectives encode the whole input, 1) or decodes
@@ -318,8 +310,6 @@ class Fit:
     r2_log: float
     worst_rel_residual: float
     worst_where: str
-    oversubscription: tuple[float, ...] = (1.0,)
-    """CPU shares (rank threads per core) of the runs fitted, divided out of alpha and beta (module docstring)."""
 
     @property
     def alpha_s(self) -> float:
@@ -341,7 +331,6 @@ class Fit:
         d["decode"] = self.decode.to_dict() if self.decode else None
         d["world_sizes"] = list(self.world_sizes)
         d["nodes"] = list(self.nodes)
-        d["oversubscription"] = list(self.oversubscription)
         return d
 
     @classmethod
@@ -365,7 +354,6 @@ class Fit:
             r2_log=float(d["r2_log"]),
             worst_rel_residual=float(d["worst_rel_residual"]),
             worst_where=str(d["worst_where"]),
-            oversubscription=tuple(float(x) for x in d.get("oversubscription", [1.0])),
         )
 
 
@@ -405,7 +393,6 @@ class CostModel:
         nbytes: float | None = None,
         fp32_bytes: float | None = None,
         group: str = "world",
-        oversubscription: float = 1.0,
     ) -> Prediction:
         """Predicted time of one call on a group of ``world_size`` ranks.
 
@@ -419,11 +406,7 @@ class CostModel:
 
         ``extrapolated`` is True when the size or the world size lies outside the fitted range (``reason`` says
         which); a world size inside the range but not measured is interpolated by the algorithm's formula.
-        ``oversubscription``: rank threads per core of the layout predicted on a CPU backend (1: a core or GPU per
-        rank, what a planned GPU cluster has).
         """
-        if not (isinstance(oversubscription, (int, float)) and oversubscription >= 1):
-            raise ValueError(f"oversubscription must be a number >= 1 (rank threads per core), got {oversubscription!r}")
         f = self.get(collective, precision, group)
         if (nbytes is None) == (fp32_bytes is None):
             raise ValueError("predict needs exactly one of nbytes (wire bytes) or fp32_bytes (user's fp32 tensor)")
@@ -441,8 +424,7 @@ class CostModel:
             )
         n = int(world_size)
         alg = ALGORITHMS[f.algorithm]
-        u = float(oversubscription)
-        x0, x1 = u * alg.latency_steps(collective, n), u * wire * alg.bandwidth_factor(collective, n)
+        x0, x1 = alg.latency_steps(collective, n), wire * alg.bandwidth_factor(collective, n)
         t = f.comm.value(x0, x1)
         lsd = f.comm.log_sd(x0, x1)
         low, high = _lognormal_interval(t, lsd)
@@ -466,9 +448,9 @@ class CostModel:
         for lf, factor, attr in ((f.encode, encode_factor, "enc"), (f.decode, decode_factor, "dec")):
             if lf is None:
                 continue
-            x = u * fp32 * factor(collective, n)
-            v = lf.value(u, x)
-            var_codec += (v * lf.log_sd(u, x)) ** 2
+            x = fp32 * factor(collective, n)
+            v = lf.value(1.0, x)
+            var_codec += (v * lf.log_sd(1.0, x)) ** 2
             if attr == "enc":
                 enc = v
             else:
@@ -625,18 +607,6 @@ Source: TypeAlias = "pd.DataFrame | str | os.PathLike[str]"
 REQUIRED = ("collective", "precision", "world_size", "size_bytes", "fp32_bytes", "time_us")
 
 
-def cpu_oversubscription(metadata: dict[str, Any]) -> float:
-    """Rank threads per core of a run's node (at least 1) on a CPU device; 1 on GPUs or when unknown."""
-    if str(metadata.get("device", "cpu")) != "cpu":
-        return 1.0
-    try:
-        want = int(metadata["nproc_per_node"]) * int(metadata.get("threads_per_rank") or 1)
-        cores = int(metadata["cpu_count"])
-    except (KeyError, TypeError, ValueError):
-        return 1.0
-    return max(1.0, want / cores) if cores > 0 else 1.0
-
-
 def _frames(sources: Source | Iterable[Source]) -> tuple[pd.DataFrame, list[str]]:
     from commbench.results import load
 
@@ -647,11 +617,7 @@ def _frames(sources: Source | Iterable[Source]) -> tuple[pd.DataFrame, list[str]
         if isinstance(s, pd.DataFrame):
             df, name = s.copy(), f"frame{i}"
         elif isinstance(s, (str, os.PathLike)):
-            from commbench.results import load_metadata
-
             df, name = load(s), str(s)
-            if "cpu_oversubscription" not in df.columns:
-                df["cpu_oversubscription"] = cpu_oversubscription(load_metadata(s))
         else:
             raise ValueError(f"fit takes run directories or DataFrames, got {type(s).__name__}")
         missing = [c for c in REQUIRED if c not in df.columns]
@@ -724,8 +690,6 @@ def fit(
         df[c] = pd.to_numeric(df[c], errors="coerce").fillna(0.0) if c in df.columns else 0.0
     if "nodes" not in df.columns:
         df["nodes"] = 1
-    share = df["cpu_oversubscription"] if "cpu_oversubscription" in df.columns else pd.Series(1.0, index=df.index)
-    df["_u"] = pd.to_numeric(share, errors="coerce").fillna(1.0).clip(lower=1.0)
 
     fits: dict[tuple[str, str, str], Fit] = {}
     skipped: dict[str, str] = {}
@@ -754,8 +718,7 @@ def fit(
 
         n = g["_n"].to_numpy(int)
         t = g["time_us"].to_numpy(float)
-        u = g["_u"].to_numpy(float)
-        x = u[:, None] * np.column_stack(
+        x = np.column_stack(
             [
                 [alg.latency_steps(key[0], int(k)) for k in n],
                 g["size_bytes"].to_numpy(float) * np.array([alg.bandwidth_factor(key[0], int(k)) for k in n]),
@@ -777,7 +740,7 @@ def fit(
             if not np.any(y > 0):
                 codec[term] = None
                 continue
-            xc = u[:, None] * np.column_stack(
+            xc = np.column_stack(
                 [np.ones(len(g)), g["fp32_bytes"].to_numpy(float) * [factor(key[0], int(k)) for k in n]]
             )
             ys = np.maximum(y, 1e-3)  # a zero-time point gets the floor's weight, not an infinite one
@@ -805,7 +768,6 @@ def fit(
             r2_log=r2,
             worst_rel_residual=float(ratio[worst] - 1.0),
             worst_where=_where(g.iloc[worst]),
-            oversubscription=tuple(sorted({round(float(k), 3) for k in u})),
         )
     res = pd.concat(residuals, ignore_index=True) if residuals else pd.DataFrame(columns=list(RESIDUAL_COLUMNS))
     return CostModel(fits=fits, residuals=res, skipped=skipped, sources=names)

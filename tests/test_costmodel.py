@@ -114,28 +114,6 @@ def test_prediction_at_new_world_size_follows_the_formula() -> None:
         assert p.low_s <= p.time_s <= p.high_s
 
 
-def test_cpu_share_is_divided_out_and_predicted_for_another_layout() -> None:
-    # 2 cores: 2 ranks get a core each (u = 1), 4 ranks half a core (u = 2); every step takes u times longer
-    cores = 2
-    df = synth("all_reduce", worlds=[2, 4], ci_rel=None)
-    df["cpu_oversubscription"] = [max(1.0, n / cores) for n in df["world_size"]]
-    df["time_us"] *= df["cpu_oversubscription"]
-    model = cm.fit(df)
-    f = model.get("all_reduce", "fp32")
-    assert (f.alpha_s, f.beta_s_per_byte) == (pytest.approx(ALPHA, rel=1e-9), pytest.approx(BETA, rel=1e-9))
-    assert f.oversubscription == (1.0, 2.0)
-    p3 = model.predict("all_reduce", "fp32", world_size=3, nbytes=2**22, oversubscription=1.5)
-    assert p3.time_s == pytest.approx(1.5 * ring_time("all_reduce", 3, 2**22), rel=1e-9)
-    # a GPU cluster (a device per rank) is the default layout
-    p8 = model.predict("all_reduce", "fp32", world_size=8, nbytes=2**22)
-    assert p8.time_s == pytest.approx(ring_time("all_reduce", 8, 2**22), rel=1e-9)
-    assert cm.cpu_oversubscription({"device": "cpu", "cpu_count": 2, "nproc_per_node": 3, "threads_per_rank": 1}) == 1.5
-    assert cm.cpu_oversubscription({"device": "cuda", "cpu_count": 2, "nproc_per_node": 8}) == 1.0
-    with pytest.raises(ValueError, match="oversubscription"):
-        model.predict("all_reduce", "fp32", world_size=3, nbytes=2**22, oversubscription=0.5)
-    assert cm.CostModel.from_dict(model.to_dict()).get("all_reduce", "fp32").oversubscription == (1.0, 2.0)
-
-
 def test_interval_covers_truth_and_shrinks_with_less_noise() -> None:
     wide = cm.fit(synth("all_gather", noise=0.10, ci_rel=0.2, seed=1)).predict(
         "all_gather", "fp32", world_size=4, nbytes=2**22
