@@ -169,10 +169,17 @@ def fidelity(out: Path, pairs: int) -> None:
     for i in range(pairs):
         for label, nbytes in sizes.items():
             run = out / f"fid-{label}-{i}"
-            cli("run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", label, "-e", label,
-                "--no-training", "--no-report", "--quiet", "--out", str(run))  # fmt: skip
-            t_cli = float(load(run)["time_us"].iloc[0])
-            t_raw = raw_time_us(nbytes)
+
+            def run_cli() -> float:
+                cli("run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", label, "-e", label,  # noqa: B023
+                    "--no-training", "--no-report", "--quiet", "--out", str(run))  # noqa: B023  # fmt: skip
+                return float(load(run)["time_us"].iloc[0])  # noqa: B023
+
+            # the order alternates between pairs, so a machine that drifts within a pair favours neither side
+            if i % 2 == 0:
+                t_cli, t_raw = run_cli(), raw_time_us(nbytes)
+            else:
+                t_raw, t_cli = raw_time_us(nbytes), run_cli()
             # busbw ratio = raw time / CLI time (same bytes, same factor); at 8 B the issue asks for the time ratio
             ratios[label].append(t_raw / t_cli if nbytes > 8 else t_cli / t_raw)
             print(f"   pair {i}: {label:>3}: CLI {t_cli:9.1f} us, raw {t_raw:9.1f} us")
