@@ -129,14 +129,13 @@ class UnitShape:
     """Kept in fp32 under mixed precision (BatchNorm, as FSDP1's MixedPrecision does by default)."""
 
 
-@dataclass(frozen=True, slots=True)
-class FsdpUnit:
-    """One FSDP unit as the formulas see it: its shard size, dtypes and how often it is all-gathered."""
+class _GatherReduceDtypes:
+    """The torch dtypes behind ``param_dtype_name`` / ``reduce_dtype_name`` (an FSDP unit and the FSDP strategies
+    keep dtypes by name, so that loading the policy table needs no torch)."""
 
-    shard_numel: int
+    __slots__ = ()
     param_dtype_name: str
     reduce_dtype_name: str
-    gathers: int
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -145,6 +144,17 @@ class FsdpUnit:
     @property
     def reduce_dtype(self) -> torch.dtype:
         return torch_dtype(self.reduce_dtype_name)
+
+
+@dataclass(frozen=True, slots=True)
+class FsdpUnit(_GatherReduceDtypes):
+    """One FSDP unit as the formulas see it: its shard size, dtypes and how often it is all-gathered."""
+
+    shard_numel: int
+    param_dtype_name: str
+    reduce_dtype_name: str
+    gathers: int
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,7 +541,7 @@ class ZeRO1(DDP):
 
 
 @dataclass(frozen=True, slots=True)
-class _Fsdp(Sharding):
+class _Fsdp(Sharding, _GatherReduceDtypes):
     """What FSDP1 and FSDP2 share: mixed-precision dtypes, units, the all-gather/reduce-scatter formula."""
 
     param_dtype_name: str = FP32
@@ -543,13 +553,6 @@ class _Fsdp(Sharding):
     shards_grads: bool = True
     takes_hooks: bool = False
 
-    @property
-    def param_dtype(self) -> torch.dtype:
-        return torch_dtype(self.param_dtype_name)
-
-    @property
-    def reduce_dtype(self) -> torch.dtype:
-        return torch_dtype(self.reduce_dtype_name)
 
     @property
     def mixed(self) -> bool:
