@@ -156,6 +156,18 @@ class Policy:
 _ddp, _zero = partial(Policy, family="ddp"), partial(Policy, family="zero")
 
 
+def _zero_fsdp1(stage: int, mode: str, **fsdp: bool) -> tuple[Policy, Policy]:
+    """`zero{stage}_fp32` and `zero{stage}_bf16`: ZeRO-2/3 as FSDP1 in ``mode``, fp32, then params/reduce bf16."""
+    return (
+        _zero(name=f"zero{stage}_fp32", description=f"ZeRO-{stage}: FSDP1 {mode}, fp32", sharding=FSDP1(**fsdp)),
+        _zero(
+            name=f"zero{stage}_bf16",
+            description=f"ZeRO-{stage}: FSDP1 {mode}, params/reduce bf16",
+            sharding=FSDP1(**fsdp, param_dtype_name=BF16, reduce_dtype_name=BF16),
+        ),
+    )
+
+
 def _bf16_params(family: str, label: str, sharding: type[FSDP2], reduces: str) -> tuple[Policy, ...]:
     """`{family}_bf16_fp32reduce` and `{family}_bf16`: bf16 parameters, gradients reduced in fp32, then in bf16."""
     return tuple(
@@ -212,22 +224,8 @@ _POLICIES: tuple[Policy, ...] = (
         autocast_name=BF16,
         grad_comm=CastHook(BF16),
     ),
-    _zero(
-        name="zero2_fp32",
-        description="ZeRO-2: FSDP1 SHARD_GRAD_OP, fp32",
-        sharding=FSDP1(reshard_after_forward=False),
-    ),
-    _zero(
-        name="zero2_bf16",
-        description="ZeRO-2: FSDP1 SHARD_GRAD_OP, params/reduce bf16",
-        sharding=FSDP1(reshard_after_forward=False, param_dtype_name=BF16, reduce_dtype_name=BF16),
-    ),
-    _zero(name="zero3_fp32", description="ZeRO-3: FSDP1 FULL_SHARD, fp32", sharding=FSDP1()),
-    _zero(
-        name="zero3_bf16",
-        description="ZeRO-3: FSDP1 FULL_SHARD, params/reduce bf16",
-        sharding=FSDP1(param_dtype_name=BF16, reduce_dtype_name=BF16),
-    ),
+    *_zero_fsdp1(2, "SHARD_GRAD_OP", reshard_after_forward=False),
+    *_zero_fsdp1(3, "FULL_SHARD"),
 )
 
 POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}
