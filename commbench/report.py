@@ -636,7 +636,7 @@ def _sweep_findings(run: RunData) -> list[str]:
                 )
                 low = _f(r.get("crossover_low_bytes"))
                 if _is_true(r.get("significant")) and b > smallest:
-                    text += f"; at {human_bytes(low)} and below it does not pay on this link"
+                    text += f"; at {human_bytes(low)} fp32 is significantly faster"
                 elif not math.isnan(low):
                     text += f" (the crossover lies between {human_bytes(low)} and {human_bytes(b)})"
                 elif b > smallest:

@@ -382,8 +382,8 @@ def crossover(df: pd.DataFrame) -> list[dict[str, Any]]:
     faster than fp32 at that size and at every larger size measured, and where below it the crossover lies.
 
     A size counts as a win only when its paired speed-up interval (``gain_ci_low``) lies above 1, as a loss only
-    when it lies below 1. The crossover lies between the largest loss below the first win of the winning run and
-    that win; it is *significant* (located to one step of the sweep) when that loss is the size just below, or
+    when it lies below 1. The crossover lies between the largest loss below the first size of the final stretch of
+    wins and that size; it is *significant* (located to one step of the sweep) when that loss is the size just below, or
     the win starts at the smallest size. Near the crossover the two precisions are about equally fast, so the size
     at which the first significant win appears moves between identical runs; a located crossover does not. Runs
     written before intervals existed (no ``gain_vs_fp32``) fall back to comparing effective bandwidth, without

@@ -309,7 +309,7 @@ def test_findings_state_only_significant_results(tmp_path: Path) -> None:
     big, at = SIZES[-1], human_bytes(cross)
     below = SIZES[SIZES.index(cross) - 1]
     if gains[below] * (1 + HALF) < 1:  # fp32 significantly faster just below: the crossover is located
-        tail = f"; at {human_bytes(below)} and below it does not pay on this link."
+        tail = f"; at {human_bytes(below)} fp32 is significantly faster."
     else:
         losses = [f for f in SIZES if f < cross and gains[f] * (1 + HALF) < 1]
         tail = f" (the crossover lies between {human_bytes(losses[-1])} and {at})." if losses else ""
