@@ -16,6 +16,7 @@ Every figure comes from runs of the CLI as a user types it; the raw loop is the 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -125,13 +126,20 @@ def ab(out: Path) -> None:
 RAW = r'''
 import os, sys, time, statistics, torch, torch.distributed as dist
 rank, world, port, nbytes, reps = (int(a) for a in sys.argv[1:6])
+seconds = float(sys.argv[6])
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 t = torch.ones(max(1, nbytes // 4))
 for _ in range(5):
     dist.all_reduce(t)
+# as many 20-op reps as fill `seconds` (at least `reps`), the same on both ranks
+t0 = time.perf_counter()
+for _ in range(20):
+    dist.all_reduce(t)
+n = torch.tensor([max(reps, int(seconds / max(time.perf_counter() - t0, 1e-9)))], dtype=torch.float64)
+dist.all_reduce(n, op=dist.ReduceOp.MAX)
 times = []
-for _ in range(reps):
+for _ in range(int(n.item())):
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(20):
@@ -145,14 +153,18 @@ dist.destroy_process_group()
 '''
 
 
-def raw_time_us(nbytes: int, reps: int = 15) -> float:
-    """Median per-op time (mean over 2 ranks) of a hand-written 20-op all_reduce loop, microseconds."""
+def raw_time_us(nbytes: int, reps: int = 15, seconds: float = 3.0) -> float:
+    """Median per-op time (mean over 2 ranks) of a hand-written 20-op all_reduce loop, microseconds.
+
+    The loop runs at least ``reps`` times and for about ``seconds``, the quick suite's budget per size: sampled over
+    0.1 s (15 reps of 20 ops at 8 B) the raw median caught whatever state the machine was in and moved 350-680 us
+    between processes while the CLI's, sampled over 3 s, stayed within 550-625 us."""
     from commbench.launch import free_port
 
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     procs = [
-        subprocess.Popen([sys.executable, "-c", RAW, str(r), "2", str(port), str(nbytes), str(reps)],
+        subprocess.Popen([sys.executable, "-c", RAW, str(r), "2", str(port), str(nbytes), str(reps), str(seconds)],
                          stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
         for r in range(2)
     ]
@@ -160,9 +172,20 @@ def raw_time_us(nbytes: int, reps: int = 15) -> float:
     return float(outs[0].strip()) * 1e6
 
 
-def fidelity(out: Path, pairs: int) -> None:
+FIDELITY_SIZES = {"8": 8, "1M": 1 << 20, "16M": 16 << 20}
+
+# Student's t, two-sided 95 %, by degrees of freedom (standard tables); between rows the smaller df's (wider) value.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+
+
+def t95(df: int) -> float:
+    return _T95[max(k for k in _T95 if k <= df)] if df < 60 else 1.96
+
+
+def fidelity(out: Path, pairs: int, only: list[str] | None = None) -> None:
     print("## fidelity: what the CLI prints (its defaults) / a raw 20-op dist.all_reduce loop, 2 ranks x 1 thread")
-    sizes = {"8": 8, "1M": 1 << 20, "16M": 16 << 20}
+    sizes = {k: v for k, v in FIDELITY_SIZES.items() if not only or k in only}
     ratios: dict[str, list[float]] = {k: [] for k in sizes}
     from commbench.results import load
 
@@ -185,7 +208,16 @@ def fidelity(out: Path, pairs: int) -> None:
             print(f"   pair {i}: {label:>3}: CLI {t_cli:9.1f} us, raw {t_raw:9.1f} us")
     for label, rs in ratios.items():
         what = "time CLI/raw (target <= 1.1)" if sizes[label] == 8 else "busbw CLI/raw (target 0.95-1.05)"
-        print(f"{label:>4}: {what}: median {statistics.median(rs):.3f} [min {min(rs):.3f}, max {max(rs):.3f}] over {len(rs)} pairs")
+        # geometric mean over pairs with a t interval of the mean log ratio: the order alternates, so a drift that
+        # favours whichever side runs first cancels in the mean rather than in any one pair
+        logs = [math.log(r) for r in rs]
+        gm = math.exp(statistics.fmean(logs))
+        ci = ""
+        if len(rs) > 1:
+            half = t95(len(rs) - 1) * statistics.stdev(logs) / math.sqrt(len(rs))
+            ci = f" [{math.exp(math.log(gm) - half):.3f}-{math.exp(math.log(gm) + half):.3f}] (95 %, t)"
+        print(f"{label:>4}: {what}: median {statistics.median(rs):.3f} [min {min(rs):.3f}, max {max(rs):.3f}] over "
+              f"{len(rs)} pairs; geometric mean {gm:.3f}{ci}")  # fmt: skip
 
 
 def main() -> None:
@@ -193,6 +225,7 @@ def main() -> None:
     ap.add_argument("what", choices=["aa", "ab", "fidelity", "all"], nargs="?", default="all")
     ap.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
     ap.add_argument("--pairs", type=int, default=3, help="fidelity: CLI/raw pairs per size")
+    ap.add_argument("--sizes", default=",".join(FIDELITY_SIZES), help="fidelity: which of 8,1M,16M (default all)")
     args = ap.parse_args()
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}  cores {os.cpu_count()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -203,7 +236,7 @@ def main() -> None:
         if args.what in ("ab", "all"):
             ab(out / "ab")
         if args.what in ("fidelity", "all"):
-            fidelity(out / "fidelity", args.pairs)
+            fidelity(out / "fidelity", args.pairs, args.sizes.split(","))
     print(f"# done; load average {os.getloadavg()}")
 
 
