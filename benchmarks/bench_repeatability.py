@@ -183,7 +183,7 @@ def t95(df: int) -> float:
     return _T95[max(k for k in _T95 if k <= df)] if df < 60 else 1.96
 
 
-def fidelity(out: Path, pairs: int, only: list[str] | None = None) -> None:
+def fidelity(out: Path, pairs: int, only: list[str] | None = None, raw_seconds: float = 3.0) -> None:
     print("## fidelity: what the CLI prints (its defaults) / a raw 20-op dist.all_reduce loop, 2 ranks x 1 thread")
     sizes = {k: v for k, v in FIDELITY_SIZES.items() if not only or k in only}
     ratios: dict[str, list[float]] = {k: [] for k in sizes}
@@ -200,9 +200,9 @@ def fidelity(out: Path, pairs: int, only: list[str] | None = None) -> None:
 
             # the order alternates between pairs, so a machine that drifts within a pair favours neither side
             if i % 2 == 0:
-                t_cli, t_raw = run_cli(), raw_time_us(nbytes)
+                t_cli, t_raw = run_cli(), raw_time_us(nbytes, seconds=raw_seconds)
             else:
-                t_raw, t_cli = raw_time_us(nbytes), run_cli()
+                t_raw, t_cli = raw_time_us(nbytes, seconds=raw_seconds), run_cli()
             # busbw ratio = raw time / CLI time (same bytes, same factor); at 8 B the issue asks for the time ratio
             ratios[label].append(t_raw / t_cli if nbytes > 8 else t_cli / t_raw)
             print(f"   pair {i}: {label:>3}: CLI {t_cli:9.1f} us, raw {t_raw:9.1f} us")
@@ -226,6 +226,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
     ap.add_argument("--pairs", type=int, default=3, help="fidelity: CLI/raw pairs per size")
     ap.add_argument("--sizes", default=",".join(FIDELITY_SIZES), help="fidelity: which of 8,1M,16M (default all)")
+    ap.add_argument("--raw-seconds", type=float, default=3.0,
+                    help="fidelity: the raw loop repeats its 20 ops for about this long, at least 15 times (0: 15 times)")  # fmt: skip
     args = ap.parse_args()
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}  cores {os.cpu_count()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -236,7 +238,7 @@ def main() -> None:
         if args.what in ("ab", "all"):
             ab(out / "ab")
         if args.what in ("fidelity", "all"):
-            fidelity(out / "fidelity", args.pairs, args.sizes.split(","))
+            fidelity(out / "fidelity", args.pairs, args.sizes.split(","), args.raw_seconds)
     print(f"# done; load average {os.getloadavg()}")
 
 
