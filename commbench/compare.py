@@ -215,14 +215,9 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
     for b in labels[1:]:
         points: list[tuple[Any, Any, Any, Any, float, float]] = []  # (coll, prec, grp, row, log ratio, total se)
         for (coll, prec, grp), g in al.groupby(["collective", "precision", "group"], sort=False):
-            g = g.sort_values("size_bytes")
-            ests = [stats.ratio_of(_estimate(r, b), _estimate(r, a)) for _, r in g.iterrows()]
-            logr = np.array([math.log(e.value) if e.value > 0 else math.nan for e in ests])
-            se = np.array(
-                [(math.log(e.high) - math.log(e.low)) / (2 * stats.Z95) if e.low > 0 else math.nan for e in ests]
-            )
-            for (_, r), lr, s_ in zip(g.iterrows(), logr, se, strict=True):
-                points.append((coll, prec, grp, r, float(lr), float(s_)))
+            for _, r in g.sort_values("size_bytes").iterrows():
+                e = stats.ratio_of(_estimate(r, b), _estimate(r, a))
+                points.append((coll, prec, grp, r, math.log(e.value) if e.value > 0 else math.nan, e.log_se))
         adj = stats.adjust_many([p[4] for p in points], [p[5] for p in points])
         for (coll, prec, grp, r, lr, se_), chosen, pv in zip(points, adj.selected, adj.p_values, strict=True):
             ta, tb = float(r.get(f"time_us|{a}", math.nan)), float(r.get(f"time_us|{b}", math.nan))

@@ -58,6 +58,14 @@ class Estimate:
             return math.inf
         return (self.high - self.low) / 2.0 / self.value
 
+    @property
+    def log_se(self) -> float:
+        """Standard error of log(value) implied by the interval (normal in log space); NaN without a positive
+        lower end."""
+        if not (self.low > 0 and math.isfinite(self.high)):
+            return math.nan
+        return (math.log(self.high) - math.log(self.low)) / (2 * Z95)
+
     def excludes(self, x: float) -> bool:
         """True when the interval lies entirely on one side of ``x``."""
         return self.low > x or self.high < x
@@ -121,10 +129,8 @@ def ratio_of(a: Estimate, b: Estimate) -> Estimate:
     """``a / b`` for independent estimates, interval combined in log space (delta method)."""
     if not (a.value > 0 and b.value > 0 and a.low > 0 and b.low > 0):
         return Estimate(math.nan, math.nan, math.nan, min(a.n, b.n), 0.0)
-    se_a = (math.log(a.high) - math.log(a.low)) / (2 * Z95)
-    se_b = (math.log(b.high) - math.log(b.low)) / (2 * Z95)
     r = math.log(a.value) - math.log(b.value)
-    se = math.hypot(se_a, se_b)
+    se = math.hypot(a.log_se, b.log_se)
     return Estimate(math.exp(r), math.exp(r - Z95 * se), math.exp(r + Z95 * se), min(a.n, b.n))
 
 
@@ -149,7 +155,7 @@ def geometric_mean_ci(ratios: Sequence[Estimate]) -> Estimate:
     if not ok:
         return Estimate(math.nan, math.nan, math.nan, 0, 0.0)
     logs = [math.log(r.value) for r in ok]
-    ses = [(math.log(r.high) - math.log(r.low)) / (2 * Z95) for r in ok]
+    ses = [r.log_se for r in ok]
     m = sum(logs) / len(ok)
     se = math.sqrt(sum(s * s for s in ses)) / len(ok)
     return Estimate(math.exp(m), math.exp(m - Z95 * se), math.exp(m + Z95 * se), len(ok))

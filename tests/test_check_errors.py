@@ -71,14 +71,18 @@ def _world(rank: int, n: int) -> dict[str, Any]:
     suite = SuiteConfig(collectives=COLLS, precisions=ALL)
     out: dict[str, Any] = {"err": {}, "sync": []}
     total = 3 * 4096
-    for pname in ALL:
-        prec = get_precision(pname)
-        for cname in COLLS:
-            coll = get_collective(cname)
-            layout = coll.layout(coll.round_total(total, n), n)
-            op = prec.make_op(coll, layout, None, d.device)
-            chk = check_point(d, suite, coll, prec, layout, op, total * 4)
-            out["err"][(pname, cname)] = (chk.rel_err, chk.comm_rel_err, chk.wrong)
+    def points() -> Any:
+        """(precision name, collective name, precision, collective, layout, a fresh op) over ALL x COLLS."""
+        for pname in ALL:
+            prec = get_precision(pname)
+            for cname in COLLS:
+                coll = get_collective(cname)
+                layout = coll.layout(coll.round_total(total, n), n)
+                yield pname, cname, prec, coll, layout, prec.make_op(coll, layout, None, d.device)
+
+    for pname, cname, prec, coll, layout, op in points():
+        chk = check_point(d, suite, coll, prec, layout, op, total * 4)
+        out["err"][(pname, cname)] = (chk.rel_err, chk.comm_rel_err, chk.wrong)
 
     forbidden = {
         torch.ops.aten._local_scalar_dense.default,
@@ -121,22 +125,17 @@ def _world(rank: int, n: int) -> dict[str, Any]:
     x[7] = float("nan")
     for kernel in (True, False):
         fp8.use_kernel(kernel)
-        for pname in ALL:
-            prec = get_precision(pname)
-            for cname in COLLS:
-                coll = get_collective(cname)
-                layout = coll.layout(coll.round_total(total, n), n)
-                op = prec.make_op(coll, layout, None, d.device)
-                op.load(x[: layout.input_numel].to(prec.input_dtype))
-                op.encode(), op.comm(), op.decode()  # warm: first-call costs are not timed either
-                mode = NoHostSync()
-                with mode:
-                    for _ in range(2):
-                        op.encode()
-                        op.comm()
-                        op.decode()
-                if mode.seen:
-                    out["sync"].append((kernel, pname, cname, sorted(set(mode.seen))))
+        for pname, cname, prec, _, layout, op in points():
+            op.load(x[: layout.input_numel].to(prec.input_dtype))
+            op.encode(), op.comm(), op.decode()  # warm: first-call costs are not timed either
+            mode = NoHostSync()
+            with mode:
+                for _ in range(2):
+                    op.encode()
+                    op.comm()
+                    op.decode()
+            if mode.seen:
+                out["sync"].append((kernel, pname, cname, sorted(set(mode.seen))))
     fp8.use_kernel(True)
     return out
 
