@@ -87,7 +87,9 @@ def main() -> int:
             print(f"bench_layouts: cannot emulate hosts here: {why}", file=sys.stderr)
             return 2
     args.out_root.mkdir(parents=True, exist_ok=True)
-    walls = {k: run_layout(k[0], k[1], "world" if k in FIT_LAYOUTS else "world,inter", d, args) for k, d in dirs.items()}
+    walls = {
+        k: run_layout(k[0], k[1], "world" if k in FIT_LAYOUTS else "world,inter", d, args) for k, d in dirs.items()
+    }
     left = [ns for ns in list_namespaces() if ns.startswith("cbemu-")] if not missing_requirements() else []
 
     import torch
@@ -100,7 +102,7 @@ def main() -> int:
     print(model.format_summary())
 
     rows = []
-    for (nodes, gpn) in CHECK_LAYOUTS:
+    for nodes, gpn in CHECK_LAYOUTS:
         meas = results.load(dirs[(nodes, gpn)])
         for r in meas.itertuples():
             n = int(r.group_size) if pd.notna(r.group_size) else int(r.world_size)
@@ -115,7 +117,9 @@ def main() -> int:
                 "meas_ms": t * 1e3, "ratio": p.time_s / t, "in_95%": bool(p.low_s <= t <= p.high_s),
             })  # fmt: skip
     df = pd.DataFrame(rows)
-    print(f"\n# predicted (fit on A) / measured (B); target: within 20 % (0.83..1.2) at wire sizes >= {args.min_check} B")
+    print(
+        f"\n# predicted (fit on A) / measured (B); target: within 20 % (0.83..1.2) at wire sizes >= {args.min_check} B"
+    )
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     big = df[df["wire_bytes"] >= args.min_check]
     ok = (big["ratio"] >= 1 / 1.2) & (big["ratio"] <= 1.2)
