@@ -356,13 +356,13 @@ def _across(f: Any) -> bool:
     return bool(c) if c is not None else max(f.nodes) > 1
 
 
-def _group_for(model: CostModel, coll: str, prec: str, level: str, nodes: int) -> tuple[str | None, str]:
+def _group_for(model: CostModel, coll: str, prec: str, level: str, nodes: int, gpus_per_node: int) -> tuple[str | None, str]:
     """Which fitted group prices a call at ``level``; (None, why) when the model has none. Across nodes any fit
     that measured the node link does (a ``world`` fit on any nodes x ranks, or the ``inter`` fit: the costmodel's
     "Layouts"), within a node the ``intra`` fit or a ``world`` fit on one node."""
     fits = model.fits
     world = fits.get((coll, prec, "world"))
-    across = nodes > 1 and level != "intra"
+    across = link_sharing(level, nodes, gpus_per_node) > 0  # the group kind says whether it crosses node links
     other = "inter" if across else "intra"  # the split group measuring the same link as this level
     order = ("world", other) if level == "world" else (other, "world")
     # a world fit stands in only where it measured the same link (across nodes or within one)
@@ -401,7 +401,7 @@ def _price(model: CostModel, g: GroupBytes, nodes: int, gpus_per_node: int) -> _
         f = bus_factor(op, g.n)
         calls_keys.append((op, prec, {"nbytes": bus / f if f else 0.0}))
     for coll, prec, size in calls_keys:
-        grp, note = _group_for(model, coll, prec, g.level, nodes)
+        grp, note = _group_for(model, coll, prec, g.level, nodes, gpus_per_node)
         if grp is None:
             out.missing.append(note)
             continue
