@@ -356,7 +356,9 @@ def _across(f: Any) -> bool:
     return bool(c) if c is not None else max(f.nodes) > 1
 
 
-def _group_for(model: CostModel, coll: str, prec: str, level: str, nodes: int, gpus_per_node: int) -> tuple[str | None, str]:
+def _group_for(
+    model: CostModel, coll: str, prec: str, level: str, nodes: int, gpus_per_node: int
+) -> tuple[str | None, str]:
     """Which fitted group prices a call at ``level``; (None, why) when the model has none. Across nodes any fit
     that measured the node link does (a ``world`` fit on any nodes x ranks, or the ``inter`` fit: the costmodel's
     "Layouts"), within a node the ``intra`` fit or a ``world`` fit on one node."""
