@@ -23,8 +23,31 @@ sends; both come from the algorithm assumed (:data:`ALGORITHMS`):
   and broadcast down, each moving S, pipelined); other collectives fall back to ring.
 * Two-level (multi-node) layouts are modelled by fitting the ``intra`` and ``inter`` groups separately (nccl-tests'
   NCCL_TESTS_SPLIT groups); a hierarchical collective's time is then the sum of its stages, which the planner
-  composes. A ``world`` fit over several nodes lumps both levels into one alpha and beta: valid only for the
-  layout (ranks per node) it was fitted on.
+  composes.
+
+Layouts: how a group maps onto the node links
+---------------------------------------------
+Ranks are placed node by node (torchrun's order: ranks of a node contiguous), and a node's link to the others is
+full duplex and the bottleneck of any ring that crosses it (intra-node hops are much faster). Then:
+
+* a ring over ``n`` ranks spanning several nodes crosses each node's link once per direction (ranks of a node are
+  neighbours), so each node's link carries ``S * B(n)`` bytes per direction: the per-rank bus bytes. Each of the
+  ``A(n)`` steps waits for its slowest edge, an inter-node hop, so the steps are priced at the link's alpha (the
+  intra hops of a step run meanwhile). A ``world`` (or ``inter``) fit over several nodes therefore measures the
+  **per-node link**, whatever the ranks per node: a fit on 2 and 3 nodes x 1 rank predicts a flat ring over
+  2 nodes x 2 ranks with ``n = 4`` in the same formula;
+* ``c`` groups of one kind running at once whose rings each cross a node's link (the ``inter`` groups, one per
+  local rank: HSDP's replica groups, the sweep's ``inter`` on g ranks per node, ``c = g``) share that link: each
+  gets ``1/c`` of it, ``time = alpha*A(n) + c*S*beta*B(n)``. :func:`link_sharing` counts ``c`` for a group kind on
+  a layout by asking the kind's partition (:mod:`commbench.groups`); a group within one node has ``c = 0`` (no
+  node link in its path; concurrent intra groups on different nodes do not share anything modelled here).
+
+A fit scales each point's bandwidth term by its ``c`` (from the point's ``nodes``, ``world_size`` and group), so
+its beta is per byte on one node link; ``Fit.link_shares`` keeps the ``c`` values it saw (0: within a node).
+:meth:`CostModel.predict` takes the layout of the group predicted as ``nodes=`` (nodes it spans) and
+``concurrent=`` (its ``c``); the planner (:mod:`commbench.plan`) prices inter-node groups through the same
+arguments. Not modelled: rings that are not node-contiguous, NCCL's tree/NVLS inter-node algorithms, a link
+shared by different kinds at once, and a switch core slower than the node links.
 
 Codec cost (encode before, decode after the collective; ``encode_us``/``decode_us``) is fitted as
 ``c0 + c1 * F * E(n)`` where ``F`` is the fp32 nccl-tests size and ``E(n)`` the fraction of it a rank encodes
@@ -68,7 +91,8 @@ if TYPE_CHECKING:
     from commbench.collectives import Collective
 
 SCHEMA = "commbench.costmodel"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``Fit.link_shares``; an inter fit's beta is per byte of one node link (version 1: per group)."""
 Z95 = 1.959963984540054
 MEDIAN_SE = math.sqrt(math.pi / 2.0)
 """Standard error of the median over that of the mean, for normal samples (1.2533)."""
@@ -155,6 +179,36 @@ def encode_factor(collective: str, n: int) -> float:
 def decode_factor(collective: str, n: int) -> float:
     """Fraction of the fp32 nccl-tests size one rank decodes (the whole output / all received chunks)."""
     return 1.0
+
+
+def link_sharing(group: str, nodes: int, gpus_per_node: int) -> int:
+    """Groups of kind ``group`` whose rings cross each node's link at once, on ``nodes x gpus_per_node`` ranks
+    placed node by node: 1 for the world over several nodes, ``gpus_per_node`` for the ``inter`` groups, 0 for
+    groups within one node (see "Layouts" in the module docstring). Asks the kind's partition, so a new group
+    kind needs nothing here."""
+    from commbench.groups import get_group_kind
+
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes} and {gpus_per_node}")
+    hosts = [str(i) for i in range(nodes) for _ in range(gpus_per_node)]
+    parts = get_group_kind(group).partition(hosts)
+    # nodes are alike under node-by-node placement: count node 0's spanning groups
+    return sum(1 for part in parts if "0" in {hosts[r] for r in part} and len({hosts[r] for r in part}) > 1)
+
+
+def _point_shares(df: pd.DataFrame) -> np.ndarray:
+    """:func:`link_sharing` of each row (columns group, world_size, nodes): 0 within one node; a world that does
+    not split evenly into its nodes counts its groups as crossing once (1) when they span nodes."""
+    out = np.zeros(len(df), dtype=int)
+    for i, (grp, w, nn, gs) in enumerate(zip(df["group"], df["world_size"], df["nodes"], df["_n"], strict=True)):
+        if pd.isna(w) or pd.isna(nn) or int(nn) <= 1:
+            continue
+        w, nn = int(w), int(nn)
+        if w % nn == 0:
+            out[i] = link_sharing(str(grp), nn, w // nn)
+        else:
+            out[i] = 1 if int(gs) > w // nn else 0
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- linear fit
@@ -305,11 +359,24 @@ class Fit:
     """Range of wire bytes fitted."""
     world_sizes: tuple[int, ...]
     nodes: tuple[int, ...]
+    """Nodes of the fitted runs' worlds."""
     backend: str
     impl: str
     r2_log: float
     worst_rel_residual: float
     worst_where: str
+    link_shares: tuple[int, ...] = ()
+    """The groups sharing a node link (:func:`link_sharing`) of the fitted points: 0 for points within one node;
+    empty when unknown (a version-1 model file)."""
+
+    @property
+    def crosses_nodes(self) -> bool | None:
+        """True when every fitted point crossed node links, False when none did, None when mixed or unknown."""
+        if not self.link_shares:
+            return None
+        if min(self.link_shares) > 0:
+            return True
+        return False if max(self.link_shares) == 0 else None
 
     @property
     def alpha_s(self) -> float:
@@ -331,6 +398,7 @@ class Fit:
         d["decode"] = self.decode.to_dict() if self.decode else None
         d["world_sizes"] = list(self.world_sizes)
         d["nodes"] = list(self.nodes)
+        d["link_shares"] = list(self.link_shares)
         return d
 
     @classmethod
@@ -354,6 +422,7 @@ class Fit:
             r2_log=float(d["r2_log"]),
             worst_rel_residual=float(d["worst_rel_residual"]),
             worst_where=str(d["worst_where"]),
+            link_shares=tuple(int(c) for c in d.get("link_shares") or ()),
         )
 
 
@@ -393,6 +462,8 @@ class CostModel:
         nbytes: float | None = None,
         fp32_bytes: float | None = None,
         group: str = "world",
+        nodes: int | None = None,
+        concurrent: int = 1,
     ) -> Prediction:
         """Predicted time of one call on a group of ``world_size`` ranks.
 
@@ -404,8 +475,17 @@ class CostModel:
         * ``fp32_bytes``: bytes of the user's fp32 tensor; converted to wire bytes by the ratio fitted for this
           precision (0.5 for bf16).
 
-        ``extrapolated`` is True when the size or the world size lies outside the fitted range (``reason`` says
-        which); a world size inside the range but not measured is interpolated by the algorithm's formula.
+        ``group`` chooses the fit; the layout of the group predicted (see "Layouts" in the module docstring):
+
+        * ``nodes``: nodes the predicted group spans (None: as the fit's points did). A fit across nodes prices a
+          group across nodes by its per-node link whatever the ranks per node (``world_size`` counts them all);
+          a fit within one node predicting across nodes, or the reverse, is ``extrapolated`` (another link).
+        * ``concurrent``: groups of this kind crossing each node's link at once (:func:`link_sharing`: 1 for a
+          flat ring, ``gpus_per_node`` for the ``inter`` groups / HSDP's replica groups); each gets 1/concurrent
+          of the link. Ignored for a group within one node.
+
+        ``extrapolated`` is True when the size, the world size or the link sharing lies outside the fitted range
+        (``reason`` says which); a world size inside the range but not measured is interpolated by the formula.
         """
         f = self.get(collective, precision, group)
         if (nbytes is None) == (fp32_bytes is None):
@@ -423,13 +503,35 @@ class CostModel:
                 f"the size must be a positive number of bytes, got {nbytes if nbytes is not None else fp32_bytes!r}"
             )
         n = int(world_size)
+        if nodes is not None and (
+            not isinstance(nodes, (int, np.integer)) or isinstance(nodes, bool) or not 1 <= nodes <= n
+        ):
+            raise ValueError(f"nodes must be an integer in 1..world_size ({n}), got {nodes!r}")
+        if not isinstance(concurrent, (int, np.integer)) or isinstance(concurrent, bool) or concurrent < 1:
+            raise ValueError(f"concurrent must be an integer >= 1 (groups sharing a node link), got {concurrent!r}")
+        fitted_across = f.crosses_nodes
+        across = fitted_across is not False if nodes is None else nodes > 1
+        share = int(concurrent) if across else 0
         alg = ALGORITHMS[f.algorithm]
-        x0, x1 = alg.latency_steps(collective, n), wire * alg.bandwidth_factor(collective, n)
+        x0, x1 = alg.latency_steps(collective, n), wire * alg.bandwidth_factor(collective, n) * max(share, 1)
         t = f.comm.value(x0, x1)
         lsd = f.comm.log_sd(x0, x1)
         low, high = _lognormal_interval(t, lsd)
 
         reasons, extrap = [], False
+        if nodes is not None and fitted_across is not None and across != fitted_across:
+            extrap = True
+            reasons.append(
+                f"fitted {'across nodes' if fitted_across else 'within one node'}, predicting "
+                f"{'across ' + str(nodes) + ' nodes' if across else 'within one node'}: another link"
+            )
+        elif fitted_across is None and f.link_shares:
+            reasons.append("fitted on points within one node and across nodes: the fit mixes two links")
+        if across and f.link_shares and min(f.link_shares) > 0:
+            lo_c, hi_c = min(f.link_shares), max(f.link_shares)
+            if not lo_c <= share <= hi_c:
+                extrap = True
+                reasons.append(f"node link shared by {share} group(s), fitted {lo_c}..{hi_c} (1/c of the link each)")
         lo_b, hi_b = f.min_bytes, f.max_bytes
         if wire < lo_b * (1 - 1e-9) or wire > hi_b * (1 + 1e-9):
             extrap = True
@@ -690,6 +792,8 @@ def fit(
         df[c] = pd.to_numeric(df[c], errors="coerce").fillna(0.0) if c in df.columns else 0.0
     if "nodes" not in df.columns:
         df["nodes"] = 1
+    df["nodes"] = pd.to_numeric(df["nodes"], errors="coerce").fillna(1)
+    df["world_size"] = pd.to_numeric(df["world_size"], errors="coerce")
 
     fits: dict[tuple[str, str, str], Fit] = {}
     skipped: dict[str, str] = {}
@@ -718,10 +822,14 @@ def fit(
 
         n = g["_n"].to_numpy(int)
         t = g["time_us"].to_numpy(float)
+        shares = _point_shares(g)
         x = np.column_stack(
             [
                 [alg.latency_steps(key[0], int(k)) for k in n],
-                g["size_bytes"].to_numpy(float) * np.array([alg.bandwidth_factor(key[0], int(k)) for k in n]),
+                # c groups sharing a node link each get 1/c of it: beta is per byte of one link
+                g["size_bytes"].to_numpy(float)
+                * np.array([alg.bandwidth_factor(key[0], int(k)) for k in n])
+                * np.maximum(shares, 1),
             ]
         )
         sigma, weighting = _sigma(g, t, rel_floor)
@@ -768,6 +876,7 @@ def fit(
             r2_log=r2,
             worst_rel_residual=float(ratio[worst] - 1.0),
             worst_where=_where(g.iloc[worst]),
+            link_shares=tuple(sorted({int(c) for c in shares})),
         )
     res = pd.concat(residuals, ignore_index=True) if residuals else pd.DataFrame(columns=list(RESIDUAL_COLUMNS))
     return CostModel(fits=fits, residuals=res, skipped=skipped, sources=names)
@@ -814,6 +923,7 @@ __all__ = [
     "decode_factor",
     "encode_factor",
     "fit",
+    "link_sharing",
     "main_fit",
     "nnls2",
 ]

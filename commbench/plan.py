@@ -29,8 +29,11 @@ what the strategies do not own, each stated where it is computed:
   per unit; a resharded unit's two all-gathers count as one call of twice the size: one latency short).
   A DDP gradient hook's bytes are priced as the all_reduce of the hook's wire precision (the sweep measures
   the same chunked algorithm for a codec, encode and decode included). A flat collective across nodes uses
-  a ``world`` fit made on that many nodes, else the ``inter`` fit (the slowest link bounds a ring). Where the
-  model lacks the key, ``comm_model`` says so and the time stays empty.
+  any fit that measured the node link (a ``world`` fit across nodes, any ranks per node, else the ``inter``
+  fit), with ``n`` all its ranks; HSDP's replica groups (one per local rank) share each node link, ``1/g``
+  each. Both by :func:`commbench.costmodel.link_sharing` and ``CostModel.predict(nodes=, concurrent=)``: the
+  cost model's "Layouts" rule, the one the layout benchmark checks. Where the model lacks the key,
+  ``comm_model`` says so and the time stays empty.
 * overlap: communication hides behind ``overlap`` (default 2/3, the backward pass's share of 6*Psi flops per
   token: 4 of 6) of the compute time; ``exposed = max(0, comm - overlap * compute)``; ``step = compute +
   exposed``. Compute is ``--compute-ms`` or ``6 * Psi * seq * micro_batch / (tflops * 1e12 * mfu)``.
@@ -51,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from commbench.costmodel import link_sharing
 from commbench.precision import torch_dtype
 from commbench.training.comm import bus_factor, dtype_name
 from commbench.training.policies import Policy
@@ -346,18 +350,25 @@ class _Priced:
     extrapolated: bool = False
 
 
-def _group_for(model: CostModel, coll: str, prec: str, level: str, nodes: int) -> tuple[str | None, str]:
-    """Which fitted group prices a call at ``level``; (None, why) when the model has none."""
+def _across(f: Any) -> bool:
+    """Whether a fit measured node links (``Fit.crosses_nodes``; a version-1 model without it: its runs' nodes)."""
+    c = f.crosses_nodes
+    return bool(c) if c is not None else max(f.nodes) > 1
+
+
+def _group_for(
+    model: CostModel, coll: str, prec: str, level: str, nodes: int, gpus_per_node: int
+) -> tuple[str | None, str]:
+    """Which fitted group prices a call at ``level``; (None, why) when the model has none. Across nodes any fit
+    that measured the node link does (a ``world`` fit on any nodes x ranks, or the ``inter`` fit: the costmodel's
+    "Layouts"), within a node the ``intra`` fit or a ``world`` fit on one node."""
     fits = model.fits
     world = fits.get((coll, prec, "world"))
-    if level == "world" and nodes == 1:
-        cands = [("world", world is not None and max(world.nodes) <= 1), ("intra", True)]
-    elif level == "world":
-        cands = [("world", world is not None and nodes in world.nodes), ("inter", True)]
-    elif level == "intra":
-        cands = [("intra", True), ("world", world is not None and max(world.nodes) <= 1)]
-    else:
-        cands = [("inter", True), ("world", world is not None and min(world.nodes) > 1)]
+    across = link_sharing(level, nodes, gpus_per_node) > 0  # the group kind says whether it crosses node links
+    other = "inter" if across else "intra"  # the split group measuring the same link as this level
+    order = ("world", other) if level == "world" else (other, "world")
+    # a world fit stands in only where it measured the same link (across nodes or within one)
+    cands = [(grp, grp != "world" or (world is not None and _across(world) == across)) for grp in order]
     for grp, ok in cands:
         if ok and (coll, prec, grp) in fits:
             note = "" if grp == level or (level == "world" and nodes == 1) else f"{coll}/{prec}: {level} priced by the {grp} fit"
@@ -367,10 +378,13 @@ def _group_for(model: CostModel, coll: str, prec: str, level: str, nodes: int) -
     return None, f"no model for {coll}/{prec} {where}; fitted: {', '.join(have)}"
 
 
-def _price(model: CostModel, g: GroupBytes, nodes: int) -> _Priced:
+def _price(model: CostModel, g: GroupBytes, nodes: int, gpus_per_node: int) -> _Priced:
     out = _Priced()
     if g.n < 2:
         return out
+    # the layout rule of the cost model (its "Layouts"): groups of this level sharing each node link
+    share = link_sharing(g.level, nodes, gpus_per_node)
+    layout = {"nodes": nodes if share else 1, "concurrent": max(share, 1)}
     rest = dict(g.by_op)
     calls_keys: list[tuple[str, str, dict[str, float]]] = []
     if g.hook is not None:
@@ -389,14 +403,14 @@ def _price(model: CostModel, g: GroupBytes, nodes: int) -> _Priced:
         f = bus_factor(op, g.n)
         calls_keys.append((op, prec, {"nbytes": bus / f if f else 0.0}))
     for coll, prec, size in calls_keys:
-        grp, note = _group_for(model, coll, prec, g.level, nodes)
+        grp, note = _group_for(model, coll, prec, g.level, nodes, gpus_per_node)
         if grp is None:
             out.missing.append(note)
             continue
         if note:
             out.notes.append(note)
         per_call = {k: v / g.calls for k, v in size.items()}
-        p = model.predict(coll, prec, world_size=g.n, group=grp, **per_call)
+        p = model.predict(coll, prec, world_size=g.n, group=grp, **layout, **per_call)
         out.time_s += p.total_s * g.calls
         out.low_s += p.total_low_s * g.calls  # summed as if fully correlated: the wider, honest interval
         out.high_s += p.total_high_s * g.calls
@@ -638,7 +652,7 @@ def _row(
         "policy": f"{type(policy.sharding).__name__} / {type(policy.grad_comm).__name__}",
     }
     if cost is not None:
-        priced = [_price(cost, g, shape.nodes) for g in groups]
+        priced = [_price(cost, g, shape.nodes, shape.gpus_per_node) for g in groups]
         missing = [m for p in priced for m in p.missing]
         notes = [m for p in priced for m in p.notes]
         row["comm_extrapolated"] = any(p.extrapolated for p in priced)

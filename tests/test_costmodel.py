@@ -222,15 +222,86 @@ def test_groups_fitted_separately() -> None:
         model.predict("all_reduce", "fp32", world_size=4, nbytes=2**20)
 
 
+# ------------------------------------------------------------------------------------------------ layouts
+def link_points(nodes_list: list[int], gpn: int, group: str, share: int, coll: str = "all_reduce") -> pd.DataFrame:
+    """Noise-free points of ``group`` on nodes x gpn ranks whose rings cross a link of BETA per byte shared by
+    ``share`` groups: time = ALPHA*A(n) + share*S*BETA*B(n), n the group's ranks (one per node here)."""
+    rows = []
+    for nodes in nodes_list:
+        for s in SIZES:
+            n = nodes  # one rank per node in each group
+            t = ring_time(coll, n, s, beta=share * BETA)
+            rows.append({"collective": coll, "precision": "fp32", "backend": "gloo", "world_size": nodes * gpn,
+                         "nodes": nodes, "group": group, "group_size": n, "size_bytes": s, "fp32_bytes": s,
+                         "time_us": t * 1e6})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_link_sharing_counts_the_groups_crossing_a_node_link() -> None:
+    assert cm.link_sharing("world", 2, 2) == 1  # one ring: ranks of a node contiguous, one crossing each way
+    assert cm.link_sharing("world", 3, 1) == 1
+    assert cm.link_sharing("inter", 2, 2) == 2  # one group per local rank, each crossing every node's link
+    assert cm.link_sharing("inter", 8, 8) == 8
+    assert cm.link_sharing("intra", 4, 2) == 0  # within a node: no node link
+    assert cm.link_sharing("world", 1, 8) == 0
+
+
+def test_one_rank_per_node_fit_predicts_other_layouts_by_the_link_rule() -> None:
+    model = cm.fit(link_points([2, 3], 1, "world", 1))
+    f = model.get("all_reduce", "fp32")
+    assert f.link_shares == (1,) and f.crosses_nodes is True
+    s = 4 * 2**20
+    # flat ring over 4 nodes x 2 ranks: n = 8, the node link carries S*2(n-1)/n each way at BETA per byte
+    w = model.predict("all_reduce", "fp32", world_size=8, nbytes=s, nodes=4)
+    assert w.time_s == pytest.approx(ALPHA * 14 + s * BETA * 14 / 8, rel=1e-9)
+    assert w.extrapolated and "world size 8 outside" in w.reason
+    # 2 concurrent inter groups of 2 nodes (2 x 2 layout): each gets half the link
+    i = model.predict("all_reduce", "fp32", world_size=2, nbytes=s, nodes=2, concurrent=2)
+    assert i.time_s == pytest.approx(ALPHA * 2 + 2 * s * BETA * 1.0, rel=1e-9)
+    assert i.extrapolated and "shared by 2 group(s), fitted 1..1" in i.reason
+    same = model.predict("all_reduce", "fp32", world_size=3, nbytes=s, nodes=3)
+    assert not same.extrapolated and same.time_s == pytest.approx(ring_time("all_reduce", 3, s), rel=1e-9)
+    one = model.predict("all_reduce", "fp32", world_size=2, nbytes=s, nodes=1, concurrent=4)
+    assert one.time_s == pytest.approx(ring_time("all_reduce", 2, s), rel=1e-9)  # within a node: nothing shared
+    assert one.extrapolated and "fitted across nodes, predicting within one node: another link" in one.reason
+
+
+def test_fit_of_concurrent_inter_groups_is_per_link_byte() -> None:
+    # inter groups on 2 and 4 nodes x 2 ranks: two groups share each node's link
+    model = cm.fit(link_points([2, 4], 2, "inter", 2, coll="all_gather"))
+    f = model.get("all_gather", "fp32", "inter")
+    assert f.link_shares == (2,) and f.world_sizes == (2, 4)
+    assert f.beta_s_per_byte == pytest.approx(BETA, rel=1e-9) and f.alpha_s == pytest.approx(ALPHA, rel=1e-9)
+    s = 2**24
+    alone = model.predict("all_gather", "fp32", world_size=4, nbytes=s, group="inter", nodes=4)
+    assert alone.time_s == pytest.approx(ALPHA * 3 + s * BETA * 3 / 4, rel=1e-9)
+    eight = model.predict("all_gather", "fp32", world_size=4, nbytes=s, group="inter", nodes=4, concurrent=8)
+    assert eight.time_s == pytest.approx(ALPHA * 3 + 8 * s * BETA * 3 / 4, rel=1e-9)
+    # points within one node keep their beta (no link to share)
+    intra = cm.fit(synth("all_gather", ci_rel=None, worlds=[2, 4]).assign(group="intra", nodes=2))
+    assert intra.get("all_gather", "fp32", "intra").link_shares == (0,)
+    assert intra.get("all_gather", "fp32", "intra").beta_s_per_byte == pytest.approx(BETA, rel=1e-9)
+
+
+def test_layout_arguments_checked() -> None:
+    model = cm.fit(link_points([2, 3], 1, "world", 1))
+    with pytest.raises(ValueError, match=r"concurrent must be an integer >= 1"):
+        model.predict("all_reduce", "fp32", world_size=2, nbytes=2**20, concurrent=0)
+    with pytest.raises(ValueError, match=r"nodes must be an integer in 1..world_size \(2\), got 3"):
+        model.predict("all_reduce", "fp32", world_size=2, nbytes=2**20, nodes=3)
+
+
 # ------------------------------------------------------------------------------------------------ JSON
 def test_json_round_trip(tmp_path: Path) -> None:
-    model = cm.fit([synth("all_reduce", noise=0.05, seed=2), synth("all_gather", "fp8", encode=(5.0, 1e-4))])
+    model = cm.fit([synth("all_reduce", noise=0.05, seed=2), synth("all_gather", "fp8", encode=(5.0, 1e-4)),
+                    link_points([2, 4], 2, "inter", 2)])  # fmt: skip
     p = model.to_json(tmp_path / "m.json")
     back = cm.CostModel.from_json(p)
     assert set(back.fits) == set(model.fits)
+    assert back.get("all_reduce", "fp32", "inter").link_shares == (2,)
     for key in model.fits:
-        a = model.predict(key[0], key[1], world_size=6, nbytes=3e6)
-        b = back.predict(key[0], key[1], world_size=6, nbytes=3e6)
+        a = model.predict(key[0], key[1], world_size=6, nbytes=3e6, group=key[2], concurrent=3)
+        b = back.predict(key[0], key[1], world_size=6, nbytes=3e6, group=key[2], concurrent=3)
         assert a == b
     assert len(back.residuals) == len(model.residuals)
     assert np.allclose(back.residuals["ratio"].astype(float), model.residuals["ratio"].astype(float))

@@ -14,9 +14,9 @@ import pytest
 import commbench
 from commbench import cli
 from commbench import costmodel as cm
-from commbench.plan import plan
+from commbench.plan import Shape, plan
 from tests.cli_util import commbench as run_cli
-from tests.test_costmodel import ALPHA, BETA, synth
+from tests.test_costmodel import ALPHA, BETA, link_points, synth
 
 DATA = Path(__file__).parent / "data"
 GB = 1e9
@@ -165,6 +165,32 @@ def test_comm_time_exposed_and_step_from_a_known_model() -> None:
     # across nodes a single-node world fit does not price the flat ring
     multi = plan(params=psi, nodes=2, gpus_per_node=4, strategies=["ddp"], precisions=["fp32"], model=model).iloc[0]
     assert math.isnan(multi["comm_time_s"]) and "across 2 nodes" in multi["comm_model"]
+
+
+def test_inter_node_groups_priced_by_the_link_rule() -> None:
+    # the node link measured with one rank per node (2 and 3 nodes): BETA per byte of the link
+    bf16 = {"precision": "bf16", "fp32_bytes": lambda d: 2 * d["size_bytes"]}
+    link = cm.fit([link_points([2, 3], 1, "world", 1).assign(**bf16), link_points([2, 3], 1, "inter", 1).assign(**bf16),
+                   *(synth(c, "bf16", ci_rel=None, worlds=[2, 4, 8]).assign(group="intra")
+                     for c in ("all_gather", "reduce_scatter"))])  # fmt: skip
+    nodes, g = 4, 8
+    n = nodes * g
+    psi = float(n * 2**20)
+    df = plan(params=psi, nodes=nodes, gpus_per_node=g, strategies=["ddp", "hsdp"], precisions=["bf16"], model=link)
+    # HSDP: intra FSDP (all_gather + reduce_scatter, one unit: one call each) and g replica groups of `nodes`
+    # ranks all-reducing at once: each gets 1/g of the node link
+    h = row(df, "hsdp", "bf16")
+    intra = ALPHA * (g - 1) * 2 + BETA * h["comm_bytes_intra"]
+    inter = ALPHA * 2 * (nodes - 1) + g * BETA * h["comm_bytes_inter"]
+    assert h["comm_time_s"] == pytest.approx(intra + inter, rel=1e-9)
+    # DDP across nodes: the flat ring over all n ranks is bound by the same link (its bytes per rank cross each
+    # node's link once per direction), with the n-rank ring's latency steps; priced by the world fit
+    d = row(df, "ddp", "bf16")
+    assert not math.isnan(d["comm_time_s"])
+    buckets = Shape(psi=psi, nodes=nodes, gpus_per_node=g).layout().bucket_numels
+    assert d["comm_time_s"] == pytest.approx(
+        len(buckets) * ALPHA * 2 * (n - 1) + BETA * d["comm_bytes_per_step"], rel=1e-9
+    )
 
 
 def test_tflops_and_mfu_give_six_psi_flops_per_token() -> None:

@@ -1,0 +1,145 @@
+"""Cost-model check across layouts (issue 12, "on the emulated cluster, fitted on one layout and predicting another").
+
+    sudo PYTHONPATH=$PWD python benchmarks/bench_layouts.py --out-root /tmp/layouts   # runs reused if present
+
+On an emulated cluster (:class:`commbench.emulate.EmulatedCluster`: network namespaces on a bridge, every node's link
+shaped with ``tc tbf`` both ways) it runs the same commbench sweep on
+
+* layout A: 2 nodes x 1 rank and 3 nodes x 1 rank (group ``world``: one rank per node, so every ring edge crosses a
+  node link; two ring sizes so the fit sees n), and
+* layout B: 2 nodes x 2 ranks (groups ``world``: a 4-rank ring, ranks of a node contiguous, and ``inter``: two
+  concurrent 2-rank groups, one per local rank, sharing each node's link),
+
+fits :func:`commbench.costmodel.fit` on A's runs only, and predicts B's groups with the layout rule of
+:meth:`commbench.costmodel.CostModel.predict` (``nodes=``, ``concurrent=``; see the costmodel docstring): the world
+ring over 2 x 2 ranks is bound by the same per-node link with the latency steps of the 4-rank ring; each of the 2
+inter groups gets half of each node's link. Prints predicted/measured per group x collective x precision x size and
+the count within 20 % (0.83 <= ratio <= 1.2) at wire sizes >= ``--min-check`` (default 1 MiB).
+
+Each sweep: ``commbench run --collectives all_reduce,all_gather,reduce_scatter --precisions fp32,bf16 -b 256K -e 4M
+-f 2 --min-time 0.05 --min-iters 1 --repeats 3 --warmup 1 --no-training`` (sizes count the user's fp32 bytes; bf16's
+wire sizes are half). Needs root, ``ip`` and ``tc``.
+
+Measured 2026-11-30, host "vm" (2 cpus shared with other jobs), torch 2.13.0+cpu, gloo, tbf 300mbit (37.5 MB/s),
+wall 52 s (2x1) + 61 s (3x1) + 134 s (2x2): 26/30 within 20 % at >= 1 MiB (world 13/15, geometric mean 1.04,
+0.94..1.30; inter 13/15, 1.13, 1.02..1.27). all_reduce and reduce_scatter (gloo: an all_reduce of the whole input,
+a constant factor the fit absorbs) are all within 20 %; the 4 misses are all_gather fp32, predicted slow. Their
+cause is in layout A, not in the rule: gloo's all_gather (a ring of two half-chunks per step) runs at 74 % of the
+link on 2 x 1 (one peer on both sides; the same with a 20 ms instead of 1 s tbf queue, so not the emulation's
+queue), 88 % on 3 x 1, but 99 % on the 2 x 2 world ring and 97 % for the two 2 x 2 inter groups together, an
+efficiency that varies with the ring in a way alpha + beta*B(n) has no term for; the fit averages it into beta.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from commbench import costmodel, results  # noqa: E402
+from commbench.emulate import EmulatedCluster, launch_job, list_namespaces, missing_requirements  # noqa: E402
+
+# One op per sample for the link-bound points (tens to hundreds of ms each); see benchmarks/interconnects.py.
+FAST = ["--min-time", "0.05", "--min-iters", "1", "--repeats", "3", "--warmup", "1", "--quiet", "--no-training",
+        "--no-report"]  # fmt: skip
+FIT_LAYOUTS = ((2, 1), (3, 1))
+CHECK_LAYOUTS = ((2, 2),)
+
+
+def run_layout(nodes: int, gpn: int, groups: str, out: Path, args: argparse.Namespace) -> float:
+    if (out / "results.csv").is_file():
+        print(f"# reusing {out}", flush=True)
+        return 0.0
+    cb = ["run", "--collectives", args.collectives, "--precisions", args.precisions, "-b", args.minbytes,
+          "-e", args.maxbytes, "-f", "2", "--groups", groups, "--out", str(out), *FAST]  # fmt: skip
+    t0 = time.perf_counter()
+    with EmulatedCluster(nodes=nodes, rate=args.rate) as cluster:
+        print(f"# {nodes}x{gpn}: {cluster.describe()}", flush=True)
+        job = launch_job(cluster, gpn, cb, timeout=args.timeout)
+        burst = cluster.burst
+    if job.returncode != 0:
+        for r in job.nodes:
+            sys.stderr.write(f"--- node{r.node.index} stderr ---\n{r.stderr[-3000:]}\n")
+        raise SystemExit(f"the {nodes}x{gpn} job {'timed out' if job.timed_out else 'failed'}")
+    (out / "emulation.json").write_text(
+        json.dumps({"rate": args.rate, "burst": burst, "nodes": nodes, "nproc_per_node": gpn, "job": list(job.argv)},
+                   indent=2) + "\n"
+    )  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-root", type=Path, required=True, help="run directories (reused when present)")
+    ap.add_argument("--rate", default="300mbit", help="tc rate of every node link (default 300mbit)")
+    ap.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("-b", "--minbytes", default="256K")
+    ap.add_argument("-e", "--maxbytes", default="4M")
+    ap.add_argument("--min-check", type=int, default=1 << 20, help="smallest wire size counted (bytes, default 1 MiB)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per job (default 900)")
+    args = ap.parse_args()
+    dirs = {(n, g): args.out_root / f"{n}x{g}-{args.rate}" for n, g in (*FIT_LAYOUTS, *CHECK_LAYOUTS)}
+    if any(not (d / "results.csv").is_file() for d in dirs.values()):
+        why = missing_requirements()
+        if why:
+            print(f"bench_layouts: cannot emulate hosts here: {why}", file=sys.stderr)
+            return 2
+    args.out_root.mkdir(parents=True, exist_ok=True)
+    walls = {
+        k: run_layout(k[0], k[1], "world" if k in FIT_LAYOUTS else "world,inter", d, args) for k, d in dirs.items()
+    }
+    left = [ns for ns in list_namespaces() if ns.startswith("cbemu-")] if not missing_requirements() else []
+
+    import torch
+
+    print(f"# {_dt.date.today().isoformat()}  host {platform.node()}  {os.cpu_count()} cpus  torch {torch.__version__}"
+          f"  gloo  link tbf {args.rate} both ways")  # fmt: skip
+    print("# wall s per run: " + ", ".join(f"{n}x{g}: {w:.0f}" for (n, g), w in walls.items()))
+    model = costmodel.fit([dirs[k] for k in FIT_LAYOUTS])
+    print(f"# fit on layout A = {', '.join(f'{n}x{g}' for n, g in FIT_LAYOUTS)} (world groups, one rank per node)")
+    print(model.format_summary())
+
+    rows = []
+    for nodes, gpn in CHECK_LAYOUTS:
+        meas = results.load(dirs[(nodes, gpn)])
+        for r in meas.itertuples():
+            n = int(r.group_size) if pd.notna(r.group_size) else int(r.world_size)
+            # the layout as the planner states it: the group's ranks, the nodes it spans, the groups sharing a link
+            concurrent = costmodel.link_sharing(str(r.group), nodes, gpn)
+            p = model.predict(r.collective, r.precision, world_size=n, nbytes=float(r.size_bytes),
+                              nodes=nodes if concurrent else 1, concurrent=max(concurrent, 1))  # fmt: skip
+            t = float(r.time_us) * 1e-6
+            rows.append({
+                "layout": f"{nodes}x{gpn}", "group": r.group, "n": n, "conc": concurrent, "collective": r.collective,
+                "precision": r.precision, "wire_bytes": int(r.size_bytes), "pred_ms": p.time_s * 1e3,
+                "meas_ms": t * 1e3, "ratio": p.time_s / t, "in_95%": bool(p.low_s <= t <= p.high_s),
+            })  # fmt: skip
+    df = pd.DataFrame(rows)
+    print(
+        f"\n# predicted (fit on A) / measured (B); target: within 20 % (0.83..1.2) at wire sizes >= {args.min_check} B"
+    )
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    big = df[df["wire_bytes"] >= args.min_check]
+    ok = (big["ratio"] >= 1 / 1.2) & (big["ratio"] <= 1.2)
+    for grp, g in big.groupby("group", sort=False):
+        k = ok[g.index]
+        print(f"# {grp}: {int(k.sum())}/{len(g)} within 20 %; geometric-mean ratio "
+              f"{float(np.exp(np.mean(np.log(g['ratio'])))):.3f}, range {g['ratio'].min():.3f}..{g['ratio'].max():.3f}")  # fmt: skip
+    print(f"# all: {int(ok.sum())}/{len(big)} within 20 % at sizes >= {args.min_check} B (target: all)")
+    print(f"# runs: {args.out_root}; emulated namespaces left: {left or 'none'}")
+    return 0 if bool(ok.all()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
