@@ -25,6 +25,7 @@ Method (documented in the README, "Uncertainty"):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,26 +72,27 @@ class Estimate:
         return self.low > x or self.high < x
 
 
-def _binom_cdf_half(n: int, k: int) -> float:
-    """P(Binomial(n, 1/2) <= k)."""
-    if k < 0:
-        return 0.0
-    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2.0**n
-
-
+@functools.lru_cache(maxsize=1024)
 def median_rank_bounds(n: int, confidence: float = 0.95) -> tuple[int, int, float]:
     """1-based ranks (l, u) of the order statistics bounding the median's interval, and its coverage.
 
     The largest l with P(B <= l - 1) <= alpha/2 for B ~ Binomial(n, 1/2); u = n + 1 - l; coverage
     1 - 2 P(B <= l - 1). For n = 10: (2, 9, 0.979); n = 20: (6, 15, 0.959) (standard tables).
+    One pass over the binomial coefficients, cached per n: the sampling loop asks after every round (summing
+    each CDF afresh made that quadratic in n: 8 ms a round at 400 rounds, CPU work between samples).
     """
     if n < 1:
         raise ValueError("median_rank_bounds needs at least one sample")
     alpha = 1.0 - confidence
+    total = 2**n
     lo = 1
-    while lo + 1 <= (n + 1) // 2 and _binom_cdf_half(n, lo) <= alpha / 2:
+    coef = n  # C(n, lo)
+    below = 1 + n  # sum of C(n, i) for i <= lo: 2^n P(B <= lo)
+    while lo + 1 <= (n + 1) // 2 and below / total <= alpha / 2:
         lo += 1
-    return lo, n + 1 - lo, 1.0 - 2.0 * _binom_cdf_half(n, lo - 1)
+        coef = coef * (n - lo + 1) // lo
+        below += coef
+    return lo, n + 1 - lo, 1.0 - 2.0 * ((below - coef) / total)
 
 
 def median(values: Sequence[float]) -> float:

@@ -28,6 +28,23 @@ def test_median_rank_bounds_match_binomial_tables(n: int, lo: int, hi: int, cove
     assert got_cov >= 0.95
 
 
+@pytest.mark.parametrize("confidence", [0.95, 0.99, 0.9])
+def test_median_rank_bounds_match_the_binomial_definition_for_every_n(confidence: float) -> None:
+    # The definition written out term by term: l is the largest rank with P(B <= l) <= alpha/2 still below the
+    # median, B ~ Binomial(n, 1/2); exact integer arithmetic.
+    for n in range(1, 400):
+
+        def cdf(k: int, n: int = n) -> float:
+            return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+
+        lo = 1
+        while lo + 1 <= (n + 1) // 2 and cdf(lo) <= (1 - confidence) / 2:
+            lo += 1
+        got = stats.median_rank_bounds(n, confidence)
+        assert got[:2] == (lo, n + 1 - lo), n
+        assert got[2] == pytest.approx(1 - 2 * cdf(lo - 1), abs=1e-12), n
+
+
 def test_too_few_samples_give_the_widest_interval_with_its_lower_coverage() -> None:
     e = stats.median_ci([3.0, 1.0, 2.0, 5.0, 4.0])
     assert (e.value, e.low, e.high) == (3.0, 1.0, 5.0)
