@@ -340,6 +340,13 @@ class TrainingSummary(Record):
     comm_inter_by_op: str | None = col('measured inter-node bus bytes per step by "op:dtype", JSON', None)
     comm_by_op: str | None = col('measured bus bytes per step by "op:dtype", JSON', None)
     comm_expected_by_op: str | None = col('formula bus bytes per step by "op:dtype", JSON', None)
+    comm_time_us: float = col(
+        "communication time per step, median over the comm_timed_steps extra steps (collectives made synchronous, "
+        "no overlap; per call the minimum over ranks, summed per step; codec encode/decode excluded), microseconds",
+        NAN,
+    )
+    comm_time_ci_low_us: float = col("lower end of the 95 % interval of comm_time_us, microseconds", NAN)
+    comm_time_ci_high_us: float = col("upper end of the 95 % interval of comm_time_us, microseconds", NAN)
     final_loss: float = col("loss of the last step (mean over ranks)", NAN)
     final_loss_drift: float = col("final_loss minus the fp32 baseline's at the same step", NAN)
     max_grad_norm_drift: float = col("largest |relative gradient-norm drift| against fp32 over the steps", NAN)

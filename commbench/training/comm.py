@@ -21,11 +21,23 @@ is bound by its inter-node edges.
 Gloo implements `reduce_scatter_tensor` as an all_reduce of the whole input followed by a local
 copy, so on gloo the real wire bytes of a reduce_scatter are 2(n-1)/n * input, not (n-1)/n * input.
 `wire_bytes()` reports that backend-specific figure next to the nominal one.
+
+Timed mode (`with counter.timed(sync=...):`) also measures how long each counted collective takes: the call is
+made synchronous (its returned Work is waited on, then `sync` waits for the device) and its wall time appended
+to `durations`, in call order. Every rank then holds one duration per call of the same sequence; a rank that
+arrived early spent part of its duration waiting for a peer, so the collective's own time is the smallest
+duration over ranks (the last to arrive waited least). `comm_time_per_step` turns every rank's durations into
+one communication time per step. Synchronous calls forgo overlap: the figure is the no-overlap sum of the
+step's collectives, what a cost model prices. DDP's gradient all_reduce is seen here because every DDP policy
+registers a Python comm hook (`GradComm.register`; plain fp32 uses torch's `allreduce_hook`), which issues
+`dist.all_reduce`; DDP's C++ reducer without a hook would bypass the counter. A codec hook's encode/decode
+between its collectives is not part of the durations (wire time only).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -197,9 +209,13 @@ class CommCounter:
         self.link_bytes: dict[str, dict[str, float]] = {"intra": defaultdict(float), "inter": defaultdict(float)}
         """Bus bytes by link ("intra" / "inter"), then by "op:dtype"."""
         self.node_of_rank = tuple(node_of_rank) if node_of_rank is not None else None
+        self.durations: list[float] = []
+        """Timed mode: seconds of each counted call (groups of two or more ranks), in call order."""
         self._originals: dict[str, Any] = {}
         self._local = threading.local()
         self._enabled = True
+        self._timing: tuple[Callable[[], None], Callable[[], float]] | None = None  # (sync, clock) when timed
+        self._lock = threading.Lock()
 
     # -- install / uninstall -------------------------------------------------------------------
     def __enter__(self) -> CommCounter:
@@ -229,11 +245,22 @@ class CommCounter:
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             depth = getattr(local, "depth", 0)
-            if depth == 0 and self._enabled:
-                self._record(op, size_fn, args, kwargs)
+            moves = depth == 0 and self._enabled and self._record(op, size_fn, args, kwargs)
+            timing = self._timing if moves else None
             local.depth = depth + 1
             try:
-                return orig(*args, **kwargs)
+                if timing is None:
+                    return orig(*args, **kwargs)
+                sync, clock = timing
+                t0 = clock()
+                work = orig(*args, **kwargs)
+                if work is not None and hasattr(work, "wait"):
+                    work.wait()  # the caller's own wait() on a completed Work returns at once
+                sync()
+                dt = clock() - t0
+                with self._lock:  # a codec hook may launch from a backend thread
+                    self.durations.append(dt)
+                return work
             finally:
                 local.depth = depth
 
@@ -241,11 +268,12 @@ class CommCounter:
         counted.__name__ = getattr(orig, "__name__", op)
         return counted
 
-    def _record(self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _record(self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Count one call; False when it moves nothing."""
         sizes, group = size_fn(args, kwargs)
         n = _group_size(group)
         if n <= 1:  # a group of one rank (HSDP's replicate group on one node) moves nothing
-            return
+            return False
         factor = bus_factor(op, n)
         by_link = self.link_bytes[self.link(group)]
         for size, dtype in sizes:
@@ -254,6 +282,7 @@ class CommCounter:
             self.size_bytes[key] += size
             self.bus_bytes[key] += size * factor
             by_link[key] += size * factor
+        return True
 
     def link(self, group: Any) -> str:
         """ "inter" when `group`'s ranks sit on more than one node, else "intra"."""
@@ -265,8 +294,14 @@ class CommCounter:
         return "inter" if len({self.node_of_rank[r] for r in ranks}) > 1 else "intra"
 
     # -- control -------------------------------------------------------------------------------
+    def timed(self, sync: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter) -> _Timed:
+        """Context manager: counted calls inside are made synchronous and their durations appended to
+        `durations` (`sync` waits for the device after each; `clock` in seconds). Bytes are counted as before."""
+        return _Timed(self, sync, clock)
+
     def reset(self) -> None:
-        """Forget everything counted so far."""
+        """Forget everything counted so far (durations included)."""
+        self.durations.clear()
         self.calls.clear()
         self.size_bytes.clear()
         self.bus_bytes.clear()
@@ -297,6 +332,37 @@ class CommCounter:
             real = BACKEND_OPS.get((backend, op), (op, ""))[0]
             total += size * bus_factor(real, n)
         return total
+
+
+def comm_time_per_step(per_rank: Sequence[Sequence[Sequence[float]]]) -> list[float]:
+    """Communication time of each step from timed-mode durations, `per_rank[rank][step][call]` (any unit).
+
+    Per call the minimum over ranks (the other ranks' extra is waiting for the last one to arrive), summed per
+    step. Every rank must have timed the same calls: ValueError names the first step where the counts differ.
+    """
+    if not per_rank:
+        return []
+    steps = len(per_rank[0])
+    if any(len(r) != steps for r in per_rank):
+        raise ValueError(f"ranks timed different numbers of steps: {[len(r) for r in per_rank]}")
+    out: list[float] = []
+    for s in range(steps):
+        calls = [r[s] for r in per_rank]
+        if len({len(c) for c in calls}) > 1:
+            raise ValueError(f"step {s}: ranks timed different numbers of collectives: {[len(c) for c in calls]}")
+        out.append(float(sum(min(c[i] for c in calls) for i in range(len(calls[0])))))
+    return out
+
+
+class _Timed:
+    def __init__(self, counter: CommCounter, sync: Callable[[], None], clock: Callable[[], float]) -> None:
+        self.counter, self.timing = counter, (sync, clock)
+
+    def __enter__(self) -> None:
+        self.counter._timing = self.timing
+
+    def __exit__(self, *exc: object) -> None:
+        self.counter._timing = None
 
 
 class _Paused:

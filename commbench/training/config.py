@@ -36,6 +36,12 @@ class TrainingConfig:
     loss_multiplier: float = positive(1.0, "factor applied to the loss before backward (tiny values emulate tiny gradients)")
     init_std: float | None = positive(None, "optional std for all weight matrices, default: torch's init")
     measure_memory: bool = flag(True, "measure peak memory on the last warm-up step")
+    comm_timed_steps: int = count(
+        6,
+        "extra steps after the measured ones with every collective made synchronous and timed (comm_time_us); "
+        "0: none",
+        least=0,
+    )
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:

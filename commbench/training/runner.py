@@ -12,6 +12,10 @@ to a step. The last warm-up step carries the memory measurement (its sampler slo
 is never a timed step). On CPU two untimed fp32 steps first prime the process, so one-time
 allocations are not charged to the first policy's memory.
 
+After the measured steps, `comm_timed_steps` extra steps run with every collective made synchronous and timed
+(`CommCounter.timed`): per call the minimum duration over ranks, summed per step, median over those steps is
+`comm_time_us` (no overlap; codec encode/decode excluded). They add no step row and no step time.
+
 Numerics are compared with the fp32 baseline, which always runs first (prepended when the section
 does not list it): loss_drift = loss - loss_fp32 at the same step; grad_norm_drift =
 (grad_norm - grad_norm_fp32) / grad_norm_fp32.
@@ -42,7 +46,7 @@ import torch.nn as nn
 from commbench import stats
 from commbench.records import TrainingStep, TrainingSummary
 from commbench.training import pitfalls as pitfalls_mod
-from commbench.training.comm import CommCounter, dtype_name, wire_bytes
+from commbench.training.comm import CommCounter, comm_time_per_step, dtype_name, wire_bytes
 from commbench.training.config import TrainingConfig
 from commbench.training.memory import heap_in_use, measure_step_memory
 from commbench.training.models import build_model, loss_fn, make_batch, param_count, tokens_per_sample
@@ -197,6 +201,8 @@ class PolicyRun:
     error: str = ""
     nodes: int = 1
     comm_expected_inter: dict[str, float] | None = None
+    comm_time_us: stats.Estimate | None = None
+    """Communication time per step from the timed extra steps (`PolicySession.timed_comm_step`)."""
 
 
 class PolicySession:
@@ -238,6 +244,8 @@ class PolicySession:
             tuple[int, bool, dict[str, float], dict[str, dict[str, float]]]
         ] = []  # (step, skipped, comm, by link)
         self._share: list[int] | None = None
+        self._durations: list[list[float]] = []  # per timed comm step: this rank's seconds per collective
+        self._timed_bytes: list[dict[str, float]] = []  # per timed comm step: bus bytes by "op:dtype"
 
     def _autocast(self) -> Any:
         return autocast(self.policy.autocast, self.device)
@@ -290,6 +298,34 @@ class PolicySession:
         w.optimizer.zero_grad(set_to_none=True)
         self._times.append(elapsed)
         self._meta.append((s, scale_after < scale_before, comm, links))
+
+    def timed_comm_step(self, s: int) -> None:
+        """An extra step, after the measured ones, with every collective synchronous and timed
+        (`CommCounter.timed`): its durations make `comm_time_us`; it adds no row and no step time."""
+        x, y = make_batch(self.section, self.rank, s, self.device)
+        self.counter.reset()
+        with self.counter.timed(sync=lambda: _sync(self.device)):
+            self.train_step(x, y)
+        self.w.optimizer.zero_grad(set_to_none=True)
+        self._durations.append(list(self.counter.durations))
+        self._timed_bytes.append(self.counter.snapshot())
+
+    def _comm_time(self, notes: list[str], measured: dict[str, float]) -> stats.Estimate | None:
+        """Median over the timed comm steps of the step's communication time, microseconds (gathers the
+        durations: one uncounted collective)."""
+        if not self._durations:
+            return None
+        gathered: list[Any] = [None] * self.n
+        with self.counter.paused():
+            dist.all_gather_object(gathered, self._durations)
+        try:
+            per_step = comm_time_per_step(gathered)
+        except ValueError as exc:
+            notes.append(f"comm_time_us not measured: {exc}")
+            return None
+        if any(not _close(b, measured) for b in self._timed_bytes):
+            notes.append("timed comm steps counted other bytes than the measured steps")
+        return stats.median_ci([t * 1e6 for t in per_step])
 
     def _my_share(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's part of the gradient tensors for the statistics.
@@ -391,6 +427,7 @@ class PolicySession:
         measured = _mean_comm([r for r in records if not r.warmup])
         wire, quirks = wire_bytes(measured, self.backend, n)
         notes.extend(quirks)
+        comm_time = self._comm_time(notes, measured)
         return PolicyRun(
             policy=self.policy,
             steps=records,
@@ -402,6 +439,7 @@ class PolicySession:
             comm_wire_bytes=wire,
             nodes=k,
             comm_expected_inter=expected_links["inter"],
+            comm_time_us=comm_time,
             notes=notes,
             pitfalls=pitfalls,
         )
@@ -429,6 +467,8 @@ def run_policy(policy: Policy, section: TrainingConfig, device: torch.device, no
     with sess.counter:
         for s in range(total):
             sess.instrumented_step(s, measure_memory=s == mem_step)
+        for s in range(total, total + int(section.comm_timed_steps)):
+            sess.timed_comm_step(s)
         run = sess.finish()
     return run
 
@@ -513,6 +553,7 @@ def build_rows(
     # Step times are sampled policy after policy, so the speed-up is an unpaired ratio of the two medians'
     # order-statistic intervals (commbench.stats), not a paired one.
     step_ci = stats.median_ci(times)
+    comm_time = run.comm_time_us or stats.Estimate(math.nan, math.nan, math.nan, 0)
     speedup = stats.Estimate(math.nan, math.nan, math.nan, 0)
     if baseline is not None:
         base_ci = stats.median_ci([r.step_time_us for r in baseline.steps if not r.warmup])
@@ -550,6 +591,9 @@ def build_rows(
         "comm_inter_by_op": json.dumps(comm_inter, sort_keys=True),
         "comm_by_op": json.dumps(comm_by_op, sort_keys=True),
         "comm_expected_by_op": json.dumps(run.comm_expected, sort_keys=True),
+        "comm_time_us": comm_time.value,
+        "comm_time_ci_low_us": comm_time.low,
+        "comm_time_ci_high_us": comm_time.high,
         "final_loss": final.loss if final else math.nan,
         "final_loss_drift": final.loss - base_final.loss if final and base_final else math.nan,
         "max_grad_norm_drift": max(gdrifts) if gdrifts else math.nan,
@@ -647,7 +691,12 @@ def run_training(
         # Prime the process: the first training run allocates process-lifetime caches (oneDNN
         # primitives, gloo buffers, thread pools) that the heap measurement would charge to the
         # baseline. Two untimed fp32 steps, no rows.
-        run_policy(get_policy(BASELINE), sec.replace(steps=1, warmup_steps=1, measure_memory=False), device, nodes)
+        run_policy(
+            get_policy(BASELINE),
+            sec.replace(steps=1, warmup_steps=1, measure_memory=False, comm_timed_steps=0),
+            device,
+            nodes,
+        )
     for name in names:
         policy = get_policy(name)
         try:
