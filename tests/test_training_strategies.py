@@ -112,7 +112,8 @@ def test_training_records_keep_the_csv_columns() -> None:
         "step_time_us_ci_high", "samples_per_s", "tokens_per_s",
         "peak_mem_bytes", "peak_mem_kind", "model_state_bytes", "model_state_kind", "comm_bytes_per_step",
         "comm_bytes_expected", "comm_wire_bytes_per_step", "nodes", "comm_bytes_intra_per_step",
-        "comm_bytes_inter_per_step", "comm_bytes_inter_expected", "comm_inter_by_op", "comm_by_op", "comm_expected_by_op", "final_loss",
+        "comm_bytes_inter_per_step", "comm_bytes_inter_expected", "comm_inter_by_op", "comm_by_op", "comm_expected_by_op",
+        "comm_time_us", "comm_time_ci_low_us", "comm_time_ci_high_us", "final_loss",
         "final_loss_drift", "max_grad_norm_drift", "skipped_steps", "nonfinite_steps", "underflow_frac",
         "speedup_vs_fp32", "speedup_ci_low", "speedup_ci_high", "speedup_significant", "mem_saved_vs_fp32", "comm_saved_vs_fp32", "warnings", "notes", "error",
     )  # fmt: skip
