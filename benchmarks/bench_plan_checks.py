@@ -28,7 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's commbench, installed or not
+
+import pandas as pd  # noqa: E402
 
 from commbench import costmodel as cm
 from commbench.plan import TORCH_ADAMW, plan, plan_policies
