@@ -91,6 +91,13 @@ def ensure(work: Path, train: Path | None, sweep: Path | None) -> tuple[Path, Pa
     return train, sweep
 
 
+def plan_shape(t: pd.DataFrame, cfg: dict) -> dict:
+    """The plan's model shape for a training run on one node: its Psi, ranks and [training] section."""
+    return dict(params=float(t["params"].iloc[0]), nodes=1, gpus_per_node=int(t["world_size"].iloc[0]),
+                layers=int(cfg["n_layers"]), hidden=int(cfg["d_model"]), heads=int(cfg["n_heads"]),
+                seq=int(cfg["seq_len"]), micro_batch=int(cfg["batch_size"]))  # fmt: skip
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
 
@@ -116,8 +123,7 @@ def main() -> None:
     psi = float(t["params"].iloc[0])
     policies = [get_policy(p) for p in t["policy"]]
     model = cm.fit([sweep])
-    shape = dict(params=psi, nodes=1, gpus_per_node=n, layers=int(cfg["n_layers"]), hidden=int(cfg["d_model"]),
-                 heads=int(cfg["n_heads"]), seq=int(cfg["seq_len"]), micro_batch=int(cfg["batch_size"]))  # fmt: skip
+    shape = plan_shape(t, cfg)
     pl = plan_policies(policies, parts=TORCH_ADAMW, model=model, **shape).set_index("strategy")
     pl_psi = plan_policies(policies, params=psi, nodes=1, gpus_per_node=n).set_index("strategy")  # Psi only
     print(f"# host {meta.get('host')}, {meta.get('backend')}, {n} ranks; model {cfg['model']} Psi={psi:.0f} "
@@ -178,9 +184,7 @@ def main() -> None:
     d2 = a.d_train or ensure_d(a.work)
     t = pd.read_csv(d2 / "training.csv")
     dcfg = load_metadata(d2)["suite"]["training"]
-    dshape = dict(params=float(t["params"].iloc[0]), nodes=1, gpus_per_node=int(t["world_size"].iloc[0]),
-                  layers=int(dcfg["n_layers"]), hidden=int(dcfg["d_model"]), heads=int(dcfg["n_heads"]),
-                  seq=int(dcfg["seq_len"]), micro_batch=int(dcfg["batch_size"]))  # fmt: skip
+    dshape = plan_shape(t, dcfg)
     print(f"\n(d) comm time per step, wire only, no overlap: plan (comm_time_s - codec_time_s; cost model fitted to"
           f" the sweep) / measured (comm_time_us: {dcfg.get('comm_timed_steps')} timed steps, synchronous"
           f" collectives, min over ranks per call; {d2})")  # fmt: skip
