@@ -76,6 +76,11 @@ def point_seed(base: int, rank: int, fp32_bytes: int) -> int:
     return (base * 1_000_003 + rank * 7919 + fp32_bytes) % (2**63)
 
 
+def rank_payload(suite: SuiteConfig, layout: Layout, rank: int, fp32_bytes: int) -> torch.Tensor:
+    """Rank ``rank``'s payload of a point (float64, CPU): the error pass and the timing run on it."""
+    return payload(suite.payload, layout.input_numel, point_seed(suite.seed, rank, fp32_bytes))
+
+
 def references(
     d: Dist,
     coll: Collective,
@@ -174,9 +179,8 @@ def check_point(
         bad = ~((got - ref).abs() <= bound)  # NaN compares false: counted wrong
         tol = float(torch.as_tensor(bound).max()) if isinstance(bound, torch.Tensor) else float(bound)
         wrong = int(bad.sum())
-    seeds = [point_seed(suite.seed, r, fp32_bytes) for r in range(d.world_size)]
     mine, ref, _, given = references(
-        d, coll, layout, lambda r: payload(suite.payload, layout.input_numel, seeds[r]), prec.input_dtype
+        d, coll, layout, lambda r: rank_payload(suite, layout, r, fp32_bytes), prec.input_dtype
     )
     got = roundtrip(mine)
     diff = got - ref

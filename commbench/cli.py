@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--repeats", type=_positive_int, help=f"minimum samples per point (6 reach a 95 %% interval) {dflt('timing.repeats')}")
     r.add_argument("--target-ci", type=_positive_float, help=f"target relative half-width of each point's 95 %% interval {dflt('timing.target_ci')}")
     r.add_argument("--max-time", type=_positive_float, help=f"seconds of sampling per size before a point is left noisy {dflt('timing.budget_s')}")
+    r.add_argument("--passes", type=_positive_int, help=f"visits of the whole grid, each taking its share of every point's rounds {dflt('timing.passes')}")
     r.add_argument("--no-training", action="store_true", help=f"skip the suite's [training] section (default: run it; {DEFAULT_SUITE} has one: {q.get('training', 'no')})")
     r.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report at the end (default: write it)")
     r.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar on a terminal's stderr)")
@@ -252,7 +253,7 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
         suite = load_suite(args.suite or DEFAULT_SUITE)
     flags = (
         ("warmup", args.warmup), ("min_time_s", args.min_time), ("min_iters", args.min_iters), ("repeats", args.repeats),
-        ("target_ci", args.target_ci), ("budget_s", args.max_time),
+        ("target_ci", args.target_ci), ("budget_s", args.max_time), ("passes", args.passes),
     )  # fmt: skip
     timing = {k: v for k, v in flags if v is not None}
     if args.no_training and suite.training is not None:

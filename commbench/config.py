@@ -155,6 +155,13 @@ class TimingConfig:
     )
     budget_s: float = positive(4.0, "seconds of sampling per size (all its precisions together) before giving up")
     max_iters: int = count(1000, "largest k (>= min_iters)")
+    # A shared machine drifts over seconds to minutes: sampled in one stretch, a point caught in a slow spell is
+    # slow in every round and its interval (of the samples it has) does not show it, so two identical runs
+    # "differ" there (issue 9: one A/A pair flagged 10 of 77 ratios, a whole block of one run slower).
+    passes: int = count(
+        3, "visits of the whole grid: each point samples its share of rounds and budget in every pass, so a slow "
+        "spell lands on part of every point's rounds (1: each point in one stretch, its rows printed as it ends)"
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_settings(self, "timing")
@@ -229,7 +236,9 @@ class SuiteConfig:
 
 
 _SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "timing", "training"}
-_TIMING_KEYS = {"warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters"}
+_TIMING_KEYS = {
+    "warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters", "passes"
+}
 
 
 def _as_list(key: str, value: Any) -> list[str]:

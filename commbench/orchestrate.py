@@ -216,18 +216,29 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
         console.print_skipped(sweep.skipped(), d.backend, sweep.skipped_groups())
         if done:
             console.print_resume(writer.dir if writer is not None else "", len(done), count_points(todo))
-    progress = console.SweepProgress(count_points(todo), enabled=lead and not quiet)
+    passes = suite.timing.passes
+    progress = console.SweepProgress(count_points(todo) * passes, enabled=lead and not quiet)
     printer = console.PointPrinter()
+    # Every pass visits the whole grid and adds its share of rounds to each group; the rows are written (and
+    # printed) as the last pass finishes each group, so an interrupted run resumes from the last whole group.
+    states: list[Any] = [None] * len(todo)
     try:
-        for group, indices in todo:
-            points, ranks = sweep.run_group_ranks(group, indices)
-            if lead:
-                assert writer is not None
-                writer.add([p for _, p in points])
-                writer.add(ranks)
-                for _, p in points:
-                    printer.row(p.as_dict(), group.collective.redop)
-                progress.advance(f"{group.collective.name} {format_size(group.fp32_bytes)} [{group.kind}]", len(indices))
+        for p in range(passes):
+            for i, (group, indices) in enumerate(todo):
+                states[i] = sweep.sample_group(group, states[i], p)
+                where = f"{group.collective.name} {format_size(group.fp32_bytes)} [{group.kind}]"
+                if passes > 1:
+                    where = f"pass {p + 1}/{passes} {where}"
+                if p == passes - 1:
+                    points, ranks = sweep.finish_group(group, states[i], indices)
+                    states[i] = None
+                    if lead:
+                        assert writer is not None
+                        writer.add([pt for _, pt in points])
+                        writer.add(ranks)
+                        for _, pt in points:
+                            printer.row(pt.as_dict(), group.collective.redop)
+                progress.advance(where, len(indices))
     finally:
         progress.stop()
     if lead and writer is not None:

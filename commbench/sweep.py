@@ -5,6 +5,8 @@ Points are run by **groups**: every precision of one (collective, size). Each po
 and error passes (:mod:`commbench.check`); then the group's precisions are timed together in alternating rounds
 (:func:`commbench.timing.measure_rounds`) until each point's 95 % interval is narrow enough or the group's budget
 is spent, so every ratio against fp32 is computed from pairs measured in the same round (:mod:`commbench.stats`).
+The rounds of a group are spread over ``timing.passes`` visits of the whole grid (:meth:`Sweep.sample_group` once
+per pass, :meth:`Sweep.finish_group` after the last), so a slow spell of the machine lands on part of many points.
 Where a codec precision reaches its result through another algorithm than fp32 (reductions over all_to_all), fp32
 through that algorithm (``fp32_chunked``) joins the group, and a codec's gain splits into algorithm and precision.
 """
@@ -12,18 +14,19 @@ through that algorithm (``fp32_chunked``) joins the group, and a codec's gain sp
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import signal
 import statistics
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch.distributed as dist
 
 from commbench import stats
-from commbench.check import Check, check_point
+from commbench.check import Check, check_point, rank_payload
 from commbench.collectives import Collective, Layout, get_collective
 from commbench.config import SuiteConfig
 from commbench.groups import SubGroup, build, get_group_kind, unusable
@@ -54,6 +57,18 @@ class Group:
     """Communicator group kind (commbench.groups) the points run in."""
     points: list[tuple[int, Point]] = field(default_factory=list)
     """(run-order index, point) in precision order."""
+
+
+@dataclass(slots=True)
+class GroupState:
+    """What one group carries from pass to pass: its checks (payload dropped) and every round so far."""
+
+    layout: Layout
+    sg: SubGroup
+    checks: list[Check]
+    rounds: Rounds
+    wire_bytes: list[int]
+    has_codec: list[bool]
 
 
 def _fault_hook(rank: int, index: int) -> None:
@@ -165,51 +180,84 @@ class Sweep:
     def run_group_ranks(
         self, group: Group, todo: set[int] | None = None
     ) -> tuple[list[tuple[int, CollectivePoint]], list[RankPoint]]:
-        """Check and time every point of ``group``; records of the points in ``todo`` (all when None).
+        """Check and time every point of ``group`` in every pass back to back; records of the points in ``todo``
+        (all when None). A whole sweep spreads the passes over the run instead (:func:`run_passes`)."""
+        state = None
+        for p in range(self.suite.timing.passes):
+            state = self.sample_group(group, state, p)
+        return self.finish_group(group, state, todo)
 
-        Points already finished (``--resume``) are timed again when a point still to do needs them as its
-        pair partner, but not recorded twice.
-        """
+    def sample_group(self, group: Group, state: GroupState | None, pass_index: int) -> GroupState | None:
+        """One pass over ``group``: its correctness and error passes first (pass 0), then rounds of samples that
+        continue ``state``'s. None when the group cannot run (its layout does not divide)."""
         d, suite, coll = self.d, self.suite, group.collective
         sg = self.subgroup(group.kind)
         view = GroupView(d, sg)
         layout = self.layout(coll, group.fp32_bytes, sg.size)
         if layout is None:
-            return [], []
-        ops, checks = [], []
+            return None
+        ops, inputs = [], []
+        checks = [] if state is None else state.checks
         for index, pt in group.points:
-            _fault_hook(d.rank, index)
+            if pass_index == suite.timing.passes - 1:
+                _fault_hook(d.rank, index)  # in the pass that finishes the point: the points before it are kept
             op = pt.precision.make_op(coll, layout, sg.pg, d.device)
-            checks.append(check_point(view, suite, coll, pt.precision, layout, op, pt.fp32_bytes))  # type: ignore[arg-type]
+            if state is None:
+                chk = check_point(view, suite, coll, pt.precision, layout, op, pt.fp32_bytes)  # type: ignore[arg-type]
+                inputs.append(chk.timing_input)
+                # the payload is regenerated from its seed in later passes rather than kept for the whole run
+                checks.append(replace(chk, timing_input=chk.timing_input.new_empty(0)))
+            else:
+                inputs.append(rank_payload(suite, layout, view.rank, pt.fp32_bytes))
             ops.append(op)
         # Timing on the payload (in-place collectives keep summing into the buffer: like nccl-tests in-place).
         contenders = []
-        for (_, pt), op, chk in zip(group.points, ops, checks, strict=True):
-            op.load(chk.timing_input.to(device=d.device, dtype=pt.precision.input_dtype))
+        for (_, pt), op, x in zip(group.points, ops, inputs, strict=True):
+            op.load(x.to(device=d.device, dtype=pt.precision.input_dtype))
             op.encode()
             contenders.append([op.encode, op.comm, op.decode] if op.has_codec else [op.comm])
+        del inputs
         t = suite.timing
+        total_rounds = max(t.max_samples, t.repeats)
         rounds = measure_rounds(
             contenders,
             warmup=t.warmup,
             min_time_s=t.min_time_s,
             min_iters=t.min_iters,
             max_iters=t.max_iters,
-            min_rounds=t.repeats,
-            max_rounds=max(t.max_samples, t.repeats),
+            # by the end of pass p: at least its share of the repeats, at most its share of the rounds; every pass
+            # takes its share of the repeats (even after the interval is reached) and at most its share of the budget
+            min_rounds=math.ceil(t.repeats * (pass_index + 1) / t.passes),
+            max_rounds=math.ceil(total_rounds * (pass_index + 1) / t.passes),
+            min_new_rounds=math.ceil(t.repeats / t.passes),
             target_rel_ci=t.target_ci,
-            budget_s=t.budget_s,
+            budget_s=t.budget_s / t.passes,
             gather=d.gather_floats,
             sync=d.sync,
             agree=d.agree_max,
             barrier=d.barrier,
+            prior=None if state is None else state.rounds,
         )
+        return GroupState(layout=layout, sg=sg, checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
+                          has_codec=[op.has_codec for op in ops])  # fmt: skip
+
+    def finish_group(
+        self, group: Group, state: GroupState | None, todo: set[int] | None = None
+    ) -> tuple[list[tuple[int, CollectivePoint]], list[RankPoint]]:
+        """The records of ``group``'s points in ``todo`` (all when None) from every pass's rounds.
+
+        Points already finished (``--resume``) are timed again when a point still to do needs them as its
+        pair partner, but not recorded twice.
+        """
+        if state is None:
+            return [], []
+        layout, sg, checks, rounds = state.layout, state.sg, state.checks, state.rounds
         names = [pt.precision.name for _, pt in group.points]
-        totals = [rounds.per_sample_total(c) for c in range(len(ops))]
+        totals = [rounds.per_sample_total(c) for c in range(len(group.points))]
         base = names.index(BASELINE) if BASELINE in names else None
         algo = names.index(ALGORITHM_BASELINE) if ALGORITHM_BASELINE in names else None
         out = []
-        for c, ((index, pt), op, chk) in enumerate(zip(group.points, ops, checks, strict=True)):
+        for c, ((index, pt), chk) in enumerate(zip(group.points, checks, strict=True)):
             if todo is not None and index not in todo:
                 continue
             gain = algo_gain = prec_gain = None
@@ -218,7 +266,9 @@ class Sweep:
                 if algo is not None and pt.precision.chunked and c != algo:
                     algo_gain = stats.paired_ratio_ci(totals[base], totals[algo])
                     prec_gain = stats.paired_ratio_ci(totals[algo], totals[c])
-            rec = self._record(pt, layout, op.wire_bytes, op.has_codec, chk, rounds, c, gain, algo_gain, prec_gain, sg)
+            rec = self._record(
+                pt, layout, state.wire_bytes[c], state.has_codec[c], chk, rounds, c, gain, algo_gain, prec_gain, sg
+            )
             out.append((index, rec))
         return out, self._rank_records(group, rounds, [i for i, _ in group.points if todo is None or i in todo])
 

@@ -115,6 +115,8 @@ def measure_rounds(
     agree: Callable[[float], float] = _identity,
     barrier: Callable[[], None] = _noop,
     ci: Callable[[Sequence[float]], float] | None = None,
+    prior: Rounds | None = None,
+    min_new_rounds: int = 1,
 ) -> Rounds:
     """Sample contenders in alternating rounds until each one's total time is precise enough.
 
@@ -125,6 +127,10 @@ def measure_rounds(
     default the median's order-statistic interval) is at most ``target_rel_ci``, or ``budget_s`` or
     ``max_rounds`` is spent. Values are exchanged with ``gather`` after each round and the elapsed time
     with ``agree``, so every rank stops after the same round.
+
+    With ``prior`` (an earlier pass over the same contenders), sampling continues it: its k are kept (no
+    calibration), its rounds count towards ``min_rounds``, ``max_rounds`` and the interval, this call takes at
+    least ``min_new_rounds`` rounds and ``budget_s`` is this call's own; the result holds every round of both.
     """
     if ci is None:
         from commbench.stats import median_ci
@@ -137,22 +143,33 @@ def measure_rounds(
             for _ in range(warmup):
                 fn()
     sync()
-    iters = tuple(
-        tuple(
-            min(max_iters, max(min_iters, calibrate(
-                fn, min_time_s=min_time_s, max_iters=max_iters, sync=sync, clock=clock, agree=agree, barrier=barrier
-            )))
-            for fn in phases
-        )
-        for phases in contenders
-    )  # fmt: skip
     shape = [len(p) for p in contenders]
-    acc: list[list[list[list[float]]]] | None = None  # [c][p][rank][round]
+    if prior is not None:
+        if [len(p) for p in prior.iters] != shape:
+            raise ValueError(f"prior rounds have phases {[len(p) for p in prior.iters]}, contenders {shape}")
+        iters = prior.iters
+    else:
+        iters = tuple(
+            tuple(
+                min(max_iters, max(min_iters, calibrate(
+                    fn, min_time_s=min_time_s, max_iters=max_iters, sync=sync, clock=clock, agree=agree,
+                    barrier=barrier,
+                )))
+                for fn in phases
+            )
+            for phases in contenders
+        )  # fmt: skip
+    # [c][p][rank][round] and [rank][round]: a prior pass's rounds first
+    acc: list[list[list[list[float]]]] | None = (
+        None if prior is None else [[[list(r) for r in phase] for phase in c] for c in prior.samples]
+    )
+    waits: list[list[float]] = [] if prior is None else [list(w) for w in prior.waits]
+    before = 0.0 if prior is None else prior.elapsed_s
     t0 = clock()
-    rounds = 0
+    rounds = 0 if prior is None else prior.rounds
+    first = rounds
     converged = False
     elapsed = 0.0
-    waits: list[list[float]] = []  # [rank][round]
     while True:
         values = [[0.0] * n for n in shape]
         wait = 0.0
@@ -168,6 +185,8 @@ def measure_rounds(
         flat = [v for row in values for v in row] + [wait, clock() - t0]
         per_rank = gather(flat)
         elapsed = max(r[-1] for r in per_rank)
+        if acc is not None and len(acc[0][0]) != len(per_rank):
+            raise ValueError(f"prior rounds hold {len(acc[0][0])} ranks, this pass {len(per_rank)}")
         if acc is None:
             acc = [[[[] for _ in per_rank] for _ in range(n)] for n in shape]
             waits = [[] for _ in per_rank]
@@ -178,13 +197,13 @@ def measure_rounds(
                     acc[c][p][r].append(vals[i])
                     i += 1
             waits[r].append(vals[-2])
-        if rounds >= min_rounds:
-            result = _rounds(iters, acc, waits, rounds, False, elapsed)
+        if rounds >= min_rounds and rounds - first >= min_new_rounds:
+            result = _rounds(iters, acc, waits, rounds, False, before + elapsed)
             converged = all(ci(result.per_sample_total(c)) <= target_rel_ci for c in range(len(contenders)))
             if converged or elapsed >= budget_s or rounds >= max_rounds:
                 break
     assert acc is not None
-    return _rounds(iters, acc, waits, rounds, converged, elapsed)
+    return _rounds(iters, acc, waits, rounds, converged, before + elapsed)
 
 
 def _rounds(

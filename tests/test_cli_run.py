@@ -403,3 +403,19 @@ def test_console_fits_80_and_100_columns() -> None:
     calm = training_line({"policy": "amp_bf16", "step_time_us_p50": 1e4, "speedup_vs_fp32": 0.9,
                           "speedup_significant": False, "notes": "CPU autocast"})  # fmt: skip
     assert len(calm.splitlines()) == 1 and "0.90x~" in calm
+
+
+def test_passes_split_every_points_rounds_and_print_each_row_once(tmp_path: Path) -> None:
+    # 3 passes over 2 sizes x 2 precisions: every pass takes at least one round of each group (repeats 3 / 3 passes),
+    # and the rows are written and printed once, after the last pass.
+    out = tmp_path / "passes"
+    args = ["run", "--collectives", "all_reduce", "--precisions", "fp32,bf16", "-b", "1K", "-e", "4K", "-f", "4",
+            "--nproc", "2", "--passes", "3", "--max-time", "0.3", "--out", str(out)]  # fmt: skip
+    proc = run_cli(*args, *[a for a in FAST if a != "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = commbench.load(out)
+    assert len(df) == 4 and (df["samples"] >= 3).all()
+    rows = [ln for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(rows) == 4, proc.stdout
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["suite"]["timing"]["passes"] == 3

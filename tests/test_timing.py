@@ -140,3 +140,44 @@ def test_rounds_respect_min_iters() -> None:
     c = FakeClock(1.0)
     r = _rounds(c, [[c.op]], min_iters=20, min_time_s=1e-3, min_rounds=2, max_rounds=2)
     assert r.iters == ((20,),)
+
+
+def test_a_later_pass_continues_the_rounds_with_the_same_k() -> None:
+    # Pass 1 calibrates and takes 3 rounds; pass 2 keeps k, adds its own rounds (at least min_new_rounds) and
+    # returns both passes' samples, in order, with the elapsed time of both; the contender order keeps rotating.
+    c = FakeClock(0.0)
+    order: list[str] = []
+    speed = [1.0]
+
+    def op(name: str, dt: float):  # type: ignore[no-untyped-def]
+        def f() -> None:
+            order.append(name)
+            c.t += dt * speed[0]
+
+        return f
+
+    contenders = [[op("a", 1e-3)], [op("b", 2e-3)]]
+    first = _rounds(c, contenders, warmup=0, min_iters=5, min_time_s=1e-6, min_rounds=3, max_rounds=3,
+                    target_rel_ci=1.0)  # fmt: skip
+    assert first.rounds == 3 and first.iters == ((5,), (5,))
+    speed[0] = 2.0  # the machine is twice as slow in the second pass
+    del order[:]
+    second = _rounds(c, contenders, warmup=0, min_iters=50, min_time_s=1.0, min_rounds=6, max_rounds=50,
+                     target_rel_ci=1.0, prior=first, min_new_rounds=2)  # fmt: skip
+    # min_rounds counts both passes: 3 + 3 rounds, and no calibration (k stays 5 although min_iters is now 50)
+    assert second.rounds == 6 and second.iters == first.iters and len(order) == 3 * 2 * 5
+    assert second.per_sample_total(0) == pytest.approx([1e-3] * 3 + [2e-3] * 3)
+    assert second.per_sample_total(1) == pytest.approx([2e-3] * 3 + [4e-3] * 3)
+    assert second.elapsed_s == pytest.approx(first.elapsed_s + 3 * 5 * 6e-3)
+    # round 3 (the 4th) starts with contender b: the rotation goes on from the prior's round count
+    assert order[0] == "b" and order[5] == "a"
+
+
+def test_a_later_pass_takes_at_least_its_own_rounds() -> None:
+    c = FakeClock(1e-3)
+    first = _rounds(c, [[c.op]], min_rounds=6, max_rounds=6, target_rel_ci=1.0)
+    assert first.rounds == 6 and first.converged
+    second = _rounds(c, [[c.op]], min_rounds=6, max_rounds=60, target_rel_ci=1.0, prior=first, min_new_rounds=2)
+    assert second.rounds == 8 and second.converged
+    with pytest.raises(ValueError, match="phases"):
+        _rounds(c, [[c.op, c.op]], prior=first)
