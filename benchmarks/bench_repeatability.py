@@ -31,8 +31,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+FLUSH_TCP_METRICS = False
+
+
+def forget_loopback_tcp_metrics() -> None:
+    """Drop the kernel's cached TCP metrics for 127.0.0.1 (root only; see ``--flush-tcp-metrics``).
+
+    Linux keeps per-destination TCP metrics (cwnd, RTT, RTT variance) when a connection closes and starts the next
+    connection to that address from them, so every loopback run inherits the last run's traffic (127.0.0.1 read
+    cwnd 18, rtt 4 ms, rttvar 8 ms after a fidelity run)."""
+    if FLUSH_TCP_METRICS:
+        subprocess.run(["ip", "tcp_metrics", "delete", "127.0.0.1"], capture_output=True)
+
+
 def cli(*args: str, env: dict[str, str] | None = None) -> float:
     """Run `python -m commbench ARGS` as a user would; returns wall seconds (raises on failure)."""
+    forget_loopback_tcp_metrics()
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "commbench", *args], cwd=ROOT, capture_output=True, text=True,
@@ -161,6 +175,7 @@ def raw_time_us(nbytes: int, reps: int = 15, seconds: float = 3.0) -> float:
     between processes while the CLI's, sampled over 3 s, stayed within 550-625 us."""
     from commbench.launch import free_port
 
+    forget_loopback_tcp_metrics()
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     procs = [
@@ -191,21 +206,30 @@ def fidelity(out: Path, pairs: int, only: list[str] | None = None, raw_seconds: 
 
     for i in range(pairs):
         for label, nbytes in sizes.items():
-            run = out / f"fid-{label}-{i}"
+            runs = iter(out / f"fid-{label}-{i}{suffix}" for suffix in "ab")
 
             def run_cli() -> float:
+                run = next(runs)  # noqa: B023
                 cli("run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", label, "-e", label,  # noqa: B023
-                    "--no-training", "--no-report", "--quiet", "--out", str(run))  # noqa: B023  # fmt: skip
-                return float(load(run)["time_us"].iloc[0])  # noqa: B023
+                    "--no-training", "--no-report", "--quiet", "--out", str(run))  # fmt: skip
+                return float(load(run)["time_us"].iloc[0])
 
-            # the order alternates between pairs, so a machine that drifts within a pair favours neither side
-            if i % 2 == 0:
-                t_cli, t_raw = run_cli(), raw_time_us(nbytes, seconds=raw_seconds)
-            else:
-                t_raw, t_cli = raw_time_us(nbytes, seconds=raw_seconds), run_cli()
+            # ABBA within a pair, BAAB in the next: a linear drift within the pair cancels, and each side runs as
+            # often right after the other side as after itself. A plain alternation (CLI, raw | raw, CLI, over
+            # interleaved sizes) always ran the CLI's 1 MiB right after a raw loop and the raw loop right after a
+            # CLI run, and what ran just before moves a loopback run: 0.863 [0.823-0.904] at 1 MiB that way, 0.973
+            # [0.915-1.036] for the same runs without the other sizes in between (flushing the kernel's cached TCP
+            # metrics of 127.0.0.1 before every run did not change it: 0.881).
+            sides = {"cli": run_cli, "raw": lambda: raw_time_us(nbytes, seconds=raw_seconds)}  # noqa: B023
+            order = ["cli", "raw", "raw", "cli"] if i % 2 == 0 else ["raw", "cli", "cli", "raw"]
+            got: dict[str, list[float]] = {"cli": [], "raw": []}
+            for side in order:
+                got[side].append(sides[side]())
+            t_cli, t_raw = (math.exp(statistics.fmean(math.log(v) for v in got[k])) for k in ("cli", "raw"))
             # busbw ratio = raw time / CLI time (same bytes, same factor); at 8 B the issue asks for the time ratio
             ratios[label].append(t_raw / t_cli if nbytes > 8 else t_cli / t_raw)
-            print(f"   pair {i}: {label:>3}: CLI {t_cli:9.1f} us, raw {t_raw:9.1f} us")
+            print(f"   pair {i}: {label:>3}: CLI {t_cli:9.1f} us, raw {t_raw:9.1f} us (geometric means of 2 runs each,"
+                  f" {'-'.join(order)})")  # fmt: skip
     for label, rs in ratios.items():
         what = "time CLI/raw (target <= 1.1)" if sizes[label] == 8 else "busbw CLI/raw (target 0.95-1.05)"
         # geometric mean over pairs with a t interval of the mean log ratio: the order alternates, so a drift that
@@ -228,8 +252,13 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(FIDELITY_SIZES), help="fidelity: which of 8,1M,16M (default all)")
     ap.add_argument("--raw-seconds", type=float, default=3.0,
                     help="fidelity: the raw loop repeats its 20 ops for about this long, at least 15 times (0: 15 times)")  # fmt: skip
+    ap.add_argument("--flush-tcp-metrics", action="store_true",
+                    help="before every run, drop the kernel's cached TCP metrics for 127.0.0.1 (root; `ip tcp_metrics`)")  # fmt: skip
     args = ap.parse_args()
-    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}  cores {os.cpu_count()}")
+    global FLUSH_TCP_METRICS
+    FLUSH_TCP_METRICS = args.flush_tcp_metrics
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}  cores {os.cpu_count()}"
+          f"{'  tcp metrics of 127.0.0.1 flushed before every run' if FLUSH_TCP_METRICS else ''}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)

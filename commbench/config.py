@@ -134,6 +134,9 @@ def size_grid(min_bytes: int, max_bytes: int, factor: int = 2, step: int = 0) ->
     return sizes
 
 
+TIMING_MODES = ("stream", "isolated")
+
+
 @dataclass(kw_only=True, slots=True)
 class TimingConfig:
     """The timing protocol: warm up, calibrate k back-to-back ops per sample, then sample every precision of a
@@ -158,6 +161,15 @@ class TimingConfig:
     # A shared machine drifts over seconds to minutes: sampled in one stretch, a point caught in a slow spell is
     # slow in every round and its interval (of the samples it has) does not show it, so two identical runs
     # "differ" there (issue 9: one A/A pair flagged 10 of 77 ratios, a whole block of one run slower).
+    # What a training step issues is not a stream: one collective per bucket, after milliseconds of compute, each
+    # rank arriving when its backward gets there (gloo, 2 ranks, 1 MiB all_reduce after 20 ms of compute: median
+    # 1.35x a streamed op's time, its 10th-90th percentiles 1.4-6.9 ms). The plan prices steps.
+    mode: str = setting(
+        "stream", "what a sample times: 'stream' (k back-to-back ops after a barrier, nccl-tests' loop) or 'isolated' "
+        "(one op after gap_s of compute on every rank; per sample the fastest rank's duration: the one that waited "
+        "least for the others)", accepts=lambda v: v in TIMING_MODES, expect=" or ".join(repr(m) for m in TIMING_MODES),
+    )  # fmt: skip
+    gap_s: float = positive(0.02, "isolated mode: seconds of compute (small matmuls) between the barrier and the op")
     passes: int = count(
         3, "visits of the whole grid: each point samples its share of rounds and budget in every pass, so a slow "
         "spell lands on part of every point's rounds (1: each point in one stretch, its rows printed as it ends)"
@@ -237,7 +249,8 @@ class SuiteConfig:
 
 _SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "timing", "training"}
 _TIMING_KEYS = {
-    "warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters", "passes"
+    "warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters", "passes", "mode",
+    "gap_s",
 }
 
 

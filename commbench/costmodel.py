@@ -55,6 +55,14 @@ Codec cost (encode before, decode after the collective; ``encode_us``/``decode_u
 (always the whole output or all received chunks, 1). A precision with no codec (fp32, or bf16 when the user's
 tensor already is bf16) has zero codec cost.
 
+Timing mode
+-----------
+A fit is of points timed one way (``timing_mode``, :class:`commbench.config.TimingConfig`): ``stream`` points are
+nccl-tests' back-to-back loop; ``isolated`` points are one op after compute, the fastest rank's duration, as a
+training step issues one collective per bucket after its backward reaches it. On a 2-core gloo machine the two
+differ (1 MiB all_reduce after 20 ms of compute: median 1.35x the streamed time). ``fit`` refuses to mix them, and a
+plan priced from an isolated fit prices a step's collectives as a step issues them.
+
 Weights and fit
 ---------------
 Weighted least squares with ``w = 1/sigma^2`` per point and non-negative ``alpha``, ``beta`` (exact: with two
@@ -91,8 +99,9 @@ if TYPE_CHECKING:
     from commbench.collectives import Collective
 
 SCHEMA = "commbench.costmodel"
-SCHEMA_VERSION = 2
-"""2: ``Fit.link_shares``; an inter fit's beta is per byte of one node link (version 1: per group)."""
+SCHEMA_VERSION = 3
+"""2: ``Fit.link_shares``; an inter fit's beta is per byte of one node link (version 1: per group). 3: ``Fit.timing_mode``
+(earlier files: stream)."""
 Z95 = 1.959963984540054
 MEDIAN_SE = math.sqrt(math.pi / 2.0)
 """Standard error of the median over that of the mean, for normal samples (1.2533)."""
@@ -368,6 +377,9 @@ class Fit:
     link_shares: tuple[int, ...] = ()
     """The groups sharing a node link (:func:`link_sharing`) of the fitted points: 0 for points within one node;
     empty when unknown (a version-1 model file)."""
+    timing_mode: str = "stream"
+    """How the fitted points were timed (``timing.mode``): ``stream`` (back-to-back ops, nccl-tests' loop) or
+    ``isolated`` (one op after compute, as a training step issues its collectives)."""
 
     @property
     def crosses_nodes(self) -> bool | None:
@@ -423,6 +435,7 @@ class Fit:
             worst_rel_residual=float(d["worst_rel_residual"]),
             worst_where=str(d["worst_where"]),
             link_shares=tuple(int(c) for c in d.get("link_shares") or ()),
+            timing_mode=str(d.get("timing_mode") or "stream"),
         )
 
 
@@ -819,6 +832,13 @@ def fit(
         if len(backends) > 1:
             raise ValueError(f"{name}: points from several backends ({', '.join(backends)}); fit them separately")
         impls = sorted({str(b) for b in g.get("impl", pd.Series(["?"])).dropna()})
+        mode_col = g["timing_mode"] if "timing_mode" in g.columns else pd.Series(["stream"])
+        modes = sorted({str(m) if pd.notna(m) else "stream" for m in mode_col})  # runs from before the column: stream
+        if len(modes) > 1:
+            raise ValueError(
+                f"{name}: points timed in several modes ({', '.join(modes)}): a stream of ops and an op issued after "
+                "compute are different questions; fit them separately"
+            )
 
         n = g["_n"].to_numpy(int)
         t = g["time_us"].to_numpy(float)
@@ -877,6 +897,7 @@ def fit(
             worst_rel_residual=float(ratio[worst] - 1.0),
             worst_where=_where(g.iloc[worst]),
             link_shares=tuple(sorted({int(c) for c in shares})),
+            timing_mode=modes[0],
         )
     res = pd.concat(residuals, ignore_index=True) if residuals else pd.DataFrame(columns=list(RESIDUAL_COLUMNS))
     return CostModel(fits=fits, residuals=res, skipped=skipped, sources=names)

@@ -665,13 +665,20 @@ def _row(
                 comm_time_low_s=sum(p.low_s for p in priced),
                 comm_time_high_s=sum(p.high_s for p in priced),
                 codec_time_s=sum(p.codec_s for p in priced),
-                comm_model="; ".join(dict.fromkeys(notes)) or "fitted model, within its range",
+                comm_model="; ".join(dict.fromkeys([*notes, _timing_note(cost)])),
             )
             if not math.isnan(compute_s):
                 exposed = max(0.0, t - overlap * compute_s)
                 row.update(exposed_comm_s=exposed, step_time_s=compute_s + exposed)
                 row["tokens_per_s"] = tokens / row["step_time_s"] if row["step_time_s"] > 0 else math.nan
     return row
+
+
+def _timing_note(cost: CostModel) -> str:
+    """How the model's points were timed: a stream of ops (nccl-tests) or one op after compute (a step's)."""
+    modes = sorted({f.timing_mode for f in cost.fits.values()})
+    how = {"stream": "back-to-back ops", "isolated": "ops issued after compute"}
+    return "fitted to " + " and ".join(f"{how.get(m, m)} ({m} timing)" for m in modes)
 
 
 def _rank(df: pd.DataFrame) -> pd.DataFrame:

@@ -19,10 +19,11 @@ import os
 import signal
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from commbench import stats
@@ -69,6 +70,20 @@ class GroupState:
     rounds: Rounds
     wire_bytes: list[int]
     has_codec: list[bool]
+
+
+def compute_gap(device: Any, seconds: float, sync: Callable[[], None]) -> Callable[[], None]:
+    """Isolated mode's gap: small matmuls on ``device`` for ``seconds``, as a training step computes between
+    collectives (the cores and the backend's threads go from compute to the collective, not from the last op)."""
+    a = torch.randn(64, 64, device=device)
+
+    def gap() -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            torch.mm(a, a)
+            sync()
+
+    return gap
 
 
 def _fault_hook(rank: int, index: int) -> None:
@@ -237,6 +252,7 @@ class Sweep:
             agree=d.agree_max,
             barrier=d.barrier,
             prior=None if state is None else state.rounds,
+            gap=compute_gap(d.device, t.gap_s, d.sync) if t.mode == "isolated" else None,
         )
         return GroupState(layout=layout, sg=sg, checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
                           has_codec=[op.has_codec for op in ops])  # fmt: skip
@@ -358,6 +374,7 @@ class Sweep:
             cv=pooled.cv,
             rank_spread=pooled.rank_spread,
             iters=r.iters[c][comm_phase],
+            timing_mode=suite.timing.mode,
             samples=r.rounds,
             ci_coverage=comm.coverage,
             noisy=total.rel_half_width > suite.timing.target_ci,

@@ -117,6 +117,7 @@ def block_title(row: Row) -> str:
     return (
         f"# {row['collective']}  backend {row['backend']}  {row['world_size']} ranks on {row['nodes']} node(s)"
         f"{group}  payload {row['payload']}"
+        + ("  timing isolated: one op after compute per sample" if row.get("timing_mode") == "isolated" else "")
     )
 
 

@@ -83,19 +83,22 @@ class Rounds:
     """True when every contender's total time reached the target interval half-width."""
     elapsed_s: float
     """Seconds spent sampling (slowest rank), calibration excluded."""
+    across_ranks: str = "mean"
+    """How one round's values of the ranks make one value: ``mean`` (a stream of k ops: every rank timed the same
+    calls; nccl-tests' convention) or ``min`` (one isolated op: a rank that arrived early also timed its wait for
+    the last one, which waited least)."""
+
+    def _combine(self, values: Sequence[float]) -> float:
+        return min(values) if self.across_ranks == "min" else sum(values) / len(values)
 
     def per_sample_total(self, c: int) -> list[float]:
-        """Contender ``c``'s total per-op seconds (its phases summed) per round, each the mean over ranks."""
-        phases = self.samples[c]
-        n_ranks = len(phases[0])
-        return [
-            sum(sum(phase[r][i] for r in range(n_ranks)) / n_ranks for phase in phases) for i in range(self.rounds)
-        ]
+        """Contender ``c``'s total per-op seconds (its phases summed) per round, each combined over ranks."""
+        return [sum(self._combine([r[i] for r in phase]) for phase in self.samples[c]) for i in range(self.rounds)]
 
     def per_sample(self, c: int, p: int) -> list[float]:
-        """Phase ``p`` of contender ``c`` per round, the mean over ranks."""
+        """Phase ``p`` of contender ``c`` per round, combined over ranks (``across_ranks``)."""
         phase = self.samples[c][p]
-        return [sum(r[i] for r in phase) / len(phase) for i in range(self.rounds)]
+        return [self._combine([r[i] for r in phase]) for i in range(self.rounds)]
 
 
 def measure_rounds(
@@ -117,6 +120,7 @@ def measure_rounds(
     ci: Callable[[Sequence[float]], float] | None = None,
     prior: Rounds | None = None,
     min_new_rounds: int = 1,
+    gap: Callable[[], None] | None = None,
 ) -> Rounds:
     """Sample contenders in alternating rounds until each one's total time is precise enough.
 
@@ -131,6 +135,9 @@ def measure_rounds(
     With ``prior`` (an earlier pass over the same contenders), sampling continues it: its k are kept (no
     calibration), its rounds count towards ``min_rounds``, ``max_rounds`` and the interval, this call takes at
     least ``min_new_rounds`` rounds and ``budget_s`` is this call's own; the result holds every round of both.
+
+    With ``gap`` (isolated mode), a sample is one op after the barrier and ``gap()`` (compute), with no
+    calibration (k = 1), and a round's value over ranks is their minimum (``Rounds.across_ranks``).
     """
     if ci is None:
         from commbench.stats import median_ci
@@ -148,6 +155,8 @@ def measure_rounds(
         if [len(p) for p in prior.iters] != shape:
             raise ValueError(f"prior rounds have phases {[len(p) for p in prior.iters]}, contenders {shape}")
         iters = prior.iters
+    elif gap is not None:
+        iters = tuple(tuple(1 for _ in phases) for phases in contenders)
     else:
         iters = tuple(
             tuple(
@@ -168,6 +177,9 @@ def measure_rounds(
     t0 = clock()
     rounds = 0 if prior is None else prior.rounds
     first = rounds
+    across = "min" if gap is not None else "mean"
+    if prior is not None and prior.across_ranks != across:
+        raise ValueError(f"prior rounds combine ranks by {prior.across_ranks}, this pass by {across}")
     converged = False
     elapsed = 0.0
     while True:
@@ -180,6 +192,8 @@ def measure_rounds(
                 tb = clock()
                 barrier()
                 wait += clock() - tb
+                if gap is not None:
+                    gap()
                 values[c][p] = run_sample(fn, iters[c][p], sync=sync, clock=clock) / iters[c][p]
         rounds += 1
         flat = [v for row in values for v in row] + [wait, clock() - t0]
@@ -198,12 +212,12 @@ def measure_rounds(
                     i += 1
             waits[r].append(vals[-2])
         if rounds >= min_rounds and rounds - first >= min_new_rounds:
-            result = _rounds(iters, acc, waits, rounds, False, before + elapsed)
+            result = _rounds(iters, acc, waits, rounds, False, before + elapsed, across)
             converged = all(ci(result.per_sample_total(c)) <= target_rel_ci for c in range(len(contenders)))
             if converged or elapsed >= budget_s or rounds >= max_rounds:
                 break
     assert acc is not None
-    return _rounds(iters, acc, waits, rounds, converged, before + elapsed)
+    return _rounds(iters, acc, waits, rounds, converged, before + elapsed, across)
 
 
 def _rounds(
@@ -213,11 +227,12 @@ def _rounds(
     rounds: int,
     converged: bool,
     elapsed: float,
+    across_ranks: str = "mean",
 ) -> Rounds:
     samples = tuple(tuple(tuple(tuple(r) for r in phase) for phase in c) for c in acc)
     return Rounds(
         iters=iters, samples=samples, waits=tuple(tuple(w) for w in waits), rounds=rounds, converged=converged,
-        elapsed_s=elapsed,
+        elapsed_s=elapsed, across_ranks=across_ranks,
     )  # fmt: skip
 
 

@@ -419,3 +419,18 @@ def test_passes_split_every_points_rounds_and_print_each_row_once(tmp_path: Path
     assert len(rows) == 4, proc.stdout
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["suite"]["timing"]["passes"] == 3
+
+
+def test_isolated_timing_mode_times_one_op_per_sample(tmp_path: Path) -> None:
+    out = tmp_path / "iso"
+    args = ["run", "--collectives", "all_reduce,all_gather", "--precisions", "fp32,bf16", "-b", "4K", "-e", "16K",
+            "-f", "4", "--nproc", "2", "--timing-mode", "isolated", "--gap", "0.002", "--max-time", "0.5",
+            "--out", str(out), *FAST]  # fmt: skip
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = commbench.load(out)
+    assert len(df) == 8 and (df["timing_mode"] == "isolated").all() and (df["iters"] == 1).all()
+    assert (df["time_us"] > 0).all() and (df["time_ci_low_us"] <= df["time_us"]).all()
+    assert (df["wrong"] == 0).all()
+    bad = run_cli(*args[:-len(FAST) - 2], "--timing-mode", "burst", "--out", str(tmp_path / "bad"), cwd=tmp_path)
+    assert bad.returncode == 2 and "invalid choice: 'burst'" in bad.stderr and "Traceback" not in bad.stderr

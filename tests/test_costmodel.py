@@ -375,3 +375,20 @@ def test_main_fit_from_run_dirs(tmp_path: Path) -> None:
     p = model.predict("reduce_scatter", "fp32", world_size=3, nbytes=2**23)
     assert p.time_s == pytest.approx(ring_time("reduce_scatter", 3, 2**23), rel=1e-6)
     assert set(model.residuals["source"]) == {str(d2), str(d4)}
+
+
+def test_timing_mode_is_kept_and_never_mixed(tmp_path: Path) -> None:
+    # A fit of isolated-mode points says so (and in its JSON); runs without the column are stream; mixing refuses.
+    iso = synth("all_reduce").assign(timing_mode="isolated")
+    model = cm.fit([iso, synth("all_gather")])
+    assert model.get("all_reduce", "fp32", "world").timing_mode == "isolated"
+    assert model.get("all_gather", "fp32", "world").timing_mode == "stream"
+    back = cm.CostModel.from_json(model.to_json(tmp_path / "m.json"))
+    assert back.get("all_reduce", "fp32", "world").timing_mode == "isolated"
+    old = json.loads((tmp_path / "m.json").read_text())
+    for f in old["fits"] if isinstance(old["fits"], list) else old["fits"].values():
+        f.pop("timing_mode")
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert cm.CostModel.from_json(tmp_path / "old.json").get("all_reduce", "fp32", "world").timing_mode == "stream"
+    with pytest.raises(ValueError, match=r"all_reduce/fp32/world: points timed in several modes \(isolated, stream\)"):
+        cm.fit([iso, synth("all_reduce", seed=1)])

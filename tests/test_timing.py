@@ -181,3 +181,29 @@ def test_a_later_pass_takes_at_least_its_own_rounds() -> None:
     assert second.rounds == 8 and second.converged
     with pytest.raises(ValueError, match="phases"):
         _rounds(c, [[c.op, c.op]], prior=first)
+
+
+def test_isolated_mode_times_one_op_after_the_gap_and_takes_the_fastest_rank() -> None:
+    # gap() runs after every barrier, before a sample of exactly one op (no calibration); a round's value over ranks
+    # is the minimum: the rank that arrived first also timed its wait for the last one.
+    c = FakeClock(0.0)
+    events: list[str] = []
+
+    def op() -> None:
+        events.append("op")
+        c.t += 1e-3
+
+    def gap() -> None:
+        events.append("gap")
+        c.t += 0.02
+
+    def gather(v: list[float]) -> list[list[float]]:
+        return [v, [3 * v[0], v[1], v[2]]]  # the other rank waited: its op took 3x as long
+
+    r = _rounds(c, [[op]], warmup=0, min_iters=20, min_time_s=1.0, gather=gather, gap=gap, min_rounds=4, max_rounds=4)
+    assert r.iters == ((1,),) and r.rounds == 4 and r.across_ranks == "min"
+    assert events == ["gap", "op"] * 4
+    assert r.per_sample_total(0) == pytest.approx([1e-3] * 4)  # min over ranks, not the mean (2e-3)
+    assert r.per_sample(0, 0) == pytest.approx([1e-3] * 4)
+    with pytest.raises(ValueError, match="combine ranks"):
+        _rounds(c, [[op]], prior=r)  # a stream pass cannot continue isolated rounds
