@@ -163,7 +163,7 @@ class TimingConfig:
     # "differ" there (issue 9: one A/A pair flagged 10 of 77 ratios, a whole block of one run slower).
     # What a training step issues is not a stream: one collective per bucket, after milliseconds of compute, each
     # rank arriving when its backward gets there (gloo, 2 ranks, 1 MiB all_reduce after 20 ms of compute: median
-    # 1.35x a streamed op's time, its 10th-90th percentiles 1.4-6.9 ms). The plan prices steps.
+    # 1.35-1.54x a streamed op's time, 10th-90th percentiles 1.8-8.2 ms; benchmarks/bench_isolated_calls.py).
     mode: str = setting(
         "stream", "what a sample times: 'stream' (k back-to-back ops after a barrier, nccl-tests' loop) or 'isolated' "
         "(one op after gap_s of compute on every rank; per sample the fastest rank's duration: the one that waited "

@@ -60,7 +60,7 @@ Timing mode
 A fit is of points timed one way (``timing_mode``, :class:`commbench.config.TimingConfig`): ``stream`` points are
 nccl-tests' back-to-back loop; ``isolated`` points are one op after compute, the fastest rank's duration, as a
 training step issues one collective per bucket after its backward reaches it. On a 2-core gloo machine the two
-differ (1 MiB all_reduce after 20 ms of compute: median 1.35x the streamed time). ``fit`` refuses to mix them, and a
+differ (1 MiB all_reduce after 20 ms of compute: median 1.35-1.54x the streamed time). ``fit`` refuses to mix them, and a
 plan priced from an isolated fit prices a step's collectives as a step issues them.
 
 Weights and fit
