@@ -10,7 +10,8 @@ Prints, for every 3-rank point of at least ``--min-check`` bytes (default 1 MiB,
 fewer cores than ranks the 4-rank run oversubscribes the CPUs, so its times carry contention the 3-rank run has less
 of: read the ratios with that in mind.
 
-Measured 2026-11-30, host "vm" (2 cpus), torch 2.13.0+cpu, gloo, 1 node, default repeats, no other job: 16:39-16:46 UTC
+Measured 2026-11-30, host "vm" (2 cpus), torch 2.13.0+cpu, gloo, 1 node, default repeats, no other job: 21:31-21:37 UTC
+(3 passes) 12/17 within 20 %, 17/17 inside the interval, geometric mean 1.072 (0.832..1.266); 16:39-16:46 UTC
 12/17 points within 20 %, 17/17 inside the 95 % prediction interval, geometric-mean predicted/measured 1.147 (range
 0.915..1.398); an earlier quiet set of runs (14:25 UTC) 16/17, 1.026 (0.882..1.236); under load 7-9 3-4/17. The spread
 between sets of runs is the machine's: the 4-rank run oversubscribes 2 cores, and the fit is only as good as its runs.
