@@ -16,6 +16,7 @@ from commbench.config import (
     BACKENDS,
     PAYLOADS,
     SIZE_HELP,
+    TIMING_MODES,
     SuiteConfig,
     TimingConfig,
     format_size,
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--repeats", type=_positive_int, help=f"minimum samples per point (6 reach a 95 %% interval) {dflt('timing.repeats')}")
     r.add_argument("--target-ci", type=_positive_float, help=f"target relative half-width of each point's 95 %% interval {dflt('timing.target_ci')}")
     r.add_argument("--max-time", type=_positive_float, help=f"seconds of sampling per size before a point is left noisy {dflt('timing.budget_s')}")
-    r.add_argument("--timing-mode", choices=["stream", "isolated"], help=f"stream: k back-to-back ops per sample (nccl-tests); isolated: one op after --gap seconds of compute, as a training step issues it {dflt('timing.mode')}")
+    r.add_argument("--timing-mode", choices=TIMING_MODES, help=f"stream: k back-to-back ops per sample (nccl-tests); isolated: one op after --gap seconds of compute, as a training step issues it {dflt('timing.mode')}")
     r.add_argument("--gap", type=_positive_float, help=f"isolated mode: seconds of compute before each timed op {dflt('timing.gap_s')}")
     r.add_argument("--passes", type=_positive_int, help=f"visits of the whole grid, each taking its share of every point's rounds {dflt('timing.passes')}")
     r.add_argument("--no-training", action="store_true", help=f"skip the suite's [training] section (default: run it; {DEFAULT_SUITE} has one: {q.get('training', 'no')})")

@@ -158,9 +158,6 @@ class TimingConfig:
     )
     budget_s: float = positive(4.0, "seconds of sampling per size (all its precisions together) before giving up")
     max_iters: int = count(1000, "largest k (>= min_iters)")
-    # A shared machine drifts over seconds to minutes: sampled in one stretch, a point caught in a slow spell is
-    # slow in every round and its interval (of the samples it has) does not show it, so two identical runs
-    # "differ" there (issue 9: one A/A pair flagged 10 of 77 ratios, a whole block of one run slower).
     # What a training step issues is not a stream: one collective per bucket, after milliseconds of compute, each
     # rank arriving when its backward gets there (gloo, 2 ranks, 1 MiB all_reduce after 20 ms of compute: median
     # 1.35-1.54x a streamed op's time, 10th-90th percentiles 1.8-8.2 ms; benchmarks/bench_isolated_calls.py).
@@ -170,6 +167,9 @@ class TimingConfig:
         "least for the others)", accepts=lambda v: v in TIMING_MODES, expect=" or ".join(repr(m) for m in TIMING_MODES),
     )  # fmt: skip
     gap_s: float = positive(0.02, "isolated mode: seconds of compute (small matmuls) between the barrier and the op")
+    # A shared machine drifts over seconds to minutes: sampled in one stretch, a point caught in a slow spell is
+    # slow in every round and its interval (of the samples it has) does not show it, so two identical runs
+    # "differ" there (issue 9: one A/A pair flagged 10 of 77 ratios, a whole block of one run slower).
     passes: int = count(
         3, "visits of the whole grid: each point samples its share of rounds and budget in every pass, so a slow "
         "spell lands on part of every point's rounds (1: each point in one stretch, its rows printed as it ends)"
