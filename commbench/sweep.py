@@ -64,8 +64,6 @@ class Group:
 class GroupState:
     """What one group carries from pass to pass: its checks (payload dropped) and every round so far."""
 
-    layout: Layout
-    sg: SubGroup
     checks: list[Check]
     rounds: Rounds
     wire_bytes: list[int]
@@ -196,7 +194,7 @@ class Sweep:
         self, group: Group, todo: set[int] | None = None
     ) -> tuple[list[tuple[int, CollectivePoint]], list[RankPoint]]:
         """Check and time every point of ``group`` in every pass back to back; records of the points in ``todo``
-        (all when None). A whole sweep spreads the passes over the run instead (:func:`run_passes`)."""
+        (all when None). A whole run spreads the passes over the grid instead (``orchestrate._run_sweep``)."""
         state = None
         for p in range(self.suite.timing.passes):
             state = self.sample_group(group, state, p)
@@ -254,7 +252,7 @@ class Sweep:
             prior=None if state is None else state.rounds,
             gap=compute_gap(d.device, t.gap_s, d.sync) if t.mode == "isolated" else None,
         )
-        return GroupState(layout=layout, sg=sg, checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
+        return GroupState(checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
                           has_codec=[op.has_codec for op in ops])  # fmt: skip
 
     def finish_group(
@@ -267,7 +265,10 @@ class Sweep:
         """
         if state is None:
             return [], []
-        layout, sg, checks, rounds = state.layout, state.sg, state.checks, state.rounds
+        sg = self.subgroup(group.kind)
+        layout = self.layout(group.collective, group.fp32_bytes, sg.size)
+        assert layout is not None  # sample_group returned a state, so the layout divides
+        checks, rounds = state.checks, state.rounds
         names = [pt.precision.name for _, pt in group.points]
         totals = [rounds.per_sample_total(c) for c in range(len(group.points))]
         base = names.index(BASELINE) if BASELINE in names else None

@@ -82,6 +82,19 @@ def _rounds(clock: FakeClock, contenders, **kw):  # type: ignore[no-untyped-def]
     return measure_rounds(contenders, **args)
 
 
+def _recording_ops(clock: FakeClock, order: list[str], scale: list[float]):  # type: ignore[no-untyped-def]
+    """op(name, dt): a contender phase that logs its name in ``order`` and advances ``clock`` by dt * scale[0]."""
+
+    def op(name: str, dt: float):  # type: ignore[no-untyped-def]
+        def f() -> None:
+            order.append(name)
+            clock.t += dt * scale[0]
+
+        return f
+
+    return op
+
+
 def test_rounds_stop_at_min_rounds_when_noise_free_and_time_each_phase() -> None:
     c = FakeClock(0.0)
 
@@ -104,13 +117,7 @@ def test_rounds_rotate_the_order_and_pair_drift() -> None:
     c = FakeClock(0.0)
     order: list[str] = []
     slow = [1.0]
-
-    def op(name: str, dt: float):  # type: ignore[no-untyped-def]
-        def f() -> None:
-            order.append(name)
-            c.t += dt * slow[0]
-
-        return f
+    op = _recording_ops(c, order, slow)
 
     def gather(v: list[float]) -> list[list[float]]:
         slow[0] *= 1.5  # drift between rounds
@@ -148,13 +155,7 @@ def test_a_later_pass_continues_the_rounds_with_the_same_k() -> None:
     c = FakeClock(0.0)
     order: list[str] = []
     speed = [1.0]
-
-    def op(name: str, dt: float):  # type: ignore[no-untyped-def]
-        def f() -> None:
-            order.append(name)
-            c.t += dt * speed[0]
-
-        return f
+    op = _recording_ops(c, order, speed)
 
     contenders = [[op("a", 1e-3)], [op("b", 2e-3)]]
     first = _rounds(c, contenders, warmup=0, min_iters=5, min_time_s=1e-6, min_rounds=3, max_rounds=3,
