@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 
 FLUSH_TCP_METRICS = False
+SETTLE_S = 0.0  # --settle: seconds of idle before every fidelity run
 
 
 def forget_loopback_tcp_metrics() -> None:
@@ -42,6 +43,12 @@ def forget_loopback_tcp_metrics() -> None:
     cwnd 18, rtt 4 ms, rttvar 8 ms after a fidelity run)."""
     if FLUSH_TCP_METRICS:
         subprocess.run(["ip", "tcp_metrics", "delete", "127.0.0.1"], capture_output=True)
+
+
+def settle() -> None:
+    """Idle for ``--settle`` seconds before a fidelity run, so that no run starts in the wake of the one before."""
+    if SETTLE_S > 0:
+        time.sleep(SETTLE_S)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> float:
@@ -223,13 +230,16 @@ def fidelity(out: Path, pairs: int, only: list[str] | None = None, raw_seconds: 
             sides = {"cli": run_cli, "raw": lambda: raw_time_us(nbytes, seconds=raw_seconds)}  # noqa: B023
             order = ["cli", "raw", "raw", "cli"] if i % 2 == 0 else ["raw", "cli", "cli", "raw"]
             got: dict[str, list[float]] = {"cli": [], "raw": []}
+            seen = []
             for side in order:
+                settle()
                 got[side].append(sides[side]())
+                seen.append(f"{side} {got[side][-1]:.1f}")
             t_cli, t_raw = (math.exp(statistics.fmean(math.log(v) for v in got[k])) for k in ("cli", "raw"))
             # busbw ratio = raw time / CLI time (same bytes, same factor); at 8 B the issue asks for the time ratio
             ratios[label].append(t_raw / t_cli if nbytes > 8 else t_cli / t_raw)
             print(f"   pair {i}: {label:>3}: CLI {t_cli:9.1f} us, raw {t_raw:9.1f} us (geometric means of 2 runs each,"
-                  f" {'-'.join(order)})")  # fmt: skip
+                  f" in order: {', '.join(seen)})")  # fmt: skip
     for label, rs in ratios.items():
         what = "time CLI/raw (target <= 1.1)" if sizes[label] == 8 else "busbw CLI/raw (target 0.95-1.05)"
         # geometric mean over pairs with a t interval of the mean log ratio: the order alternates, so a drift that
@@ -254,11 +264,13 @@ def main() -> None:
                     help="fidelity: the raw loop repeats its 20 ops for about this long, at least 15 times (0: 15 times)")  # fmt: skip
     ap.add_argument("--flush-tcp-metrics", action="store_true",
                     help="before every run, drop the kernel's cached TCP metrics for 127.0.0.1 (root; `ip tcp_metrics`)")  # fmt: skip
+    ap.add_argument("--settle", type=float, default=0.0, help="fidelity: seconds of idle before every run")
     args = ap.parse_args()
-    global FLUSH_TCP_METRICS
-    FLUSH_TCP_METRICS = args.flush_tcp_metrics
+    global FLUSH_TCP_METRICS, SETTLE_S
+    FLUSH_TCP_METRICS, SETTLE_S = args.flush_tcp_metrics, args.settle
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}  cores {os.cpu_count()}"
-          f"{'  tcp metrics of 127.0.0.1 flushed before every run' if FLUSH_TCP_METRICS else ''}")  # fmt: skip
+          f"{'  tcp metrics of 127.0.0.1 flushed before every run' if FLUSH_TCP_METRICS else ''}"
+          f"{f'  {SETTLE_S:g} s idle before every fidelity run' if SETTLE_S else ''}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
