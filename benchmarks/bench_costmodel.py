@@ -4,7 +4,10 @@
     python benchmarks/bench_costmodel.py --out-root DIR         # keep the run directories (reused if present)
 
 Each run is the current CLI: ``python -m commbench run --collectives all_reduce,all_gather,reduce_scatter
---precisions fp32,bf16 -b 64K -e 8M -f 2 --nproc N --no-training --no-report --quiet --out DIR``.
+--precisions fp32,bf16 -b 64K -e 8M -f 2 --nproc N --no-training --no-report --quiet --out DIR``, ``--rounds``
+times per world size (default 2) in mirrored order (2, 4, 3, then 3, 4, 2), so that a drift of the machine's speed
+over the minutes of the runs lands on every world size alike; the fit takes every 2- and 4-rank run, and a 3-rank
+point's measured time is the geometric mean of its runs' medians (``rounds_max/min`` shows how far they were apart).
 Prints, for every 3-rank point of at least ``--min-check`` bytes (default 1 MiB, wire bytes), the prediction, its
 95 % interval, the measurement and predicted/measured; target: within 20 % (0.83 <= ratio <= 1.2). On a machine with
 fewer cores than ranks the 4-rank run oversubscribes the CPUs, so its times carry contention the 3-rank run has less
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import os
 import platform
 import subprocess
@@ -31,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's commbench, installed or not
 
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from commbench import costmodel, results
@@ -67,6 +72,7 @@ def main() -> int:
     ap.add_argument("-f", "--stepfactor", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=None, help="passed to commbench run (default: its own)")
     ap.add_argument("--min-time", type=float, default=None, help="passed to commbench run (default: its own)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs per world size, in mirrored order (default 2)")
     ap.add_argument("--fit-worlds", default="2,4")
     ap.add_argument("--check-world", type=int, default=3)
     ap.add_argument("--min-check", type=int, default=1 << 20, help="smallest wire size checked (bytes)")
@@ -75,28 +81,43 @@ def main() -> int:
     root = args.out_root or Path(tempfile.mkdtemp(prefix="bench_costmodel."))
     root.mkdir(parents=True, exist_ok=True)
     fit_worlds = [int(x) for x in args.fit_worlds.split(",")]
-    dirs = {n: root / f"n{n}" for n in [*fit_worlds, args.check_world]}
-    walls = {n: run(n, d, args) for n, d in dirs.items()}
+    worlds = [*fit_worlds, args.check_world]
+    # Rounds in mirrored order (2, 4, 3 | 3, 4, 2 | ...): the machine's speed drifts by tens of percent over
+    # minutes, and with one run per world size that drift lands on whichever world ran in the slow minutes. Mirrored
+    # rounds centre every world size's runs on the same moment, so a linear drift lands on all of them alike.
+    dirs: dict[int, list[Path]] = {n: [] for n in worlds}
+    walls: dict[int, list[float]] = {n: [] for n in worlds}
+    for r in range(args.rounds):
+        for n in worlds if r % 2 == 0 else worlds[::-1]:
+            d = root / (f"n{n}" if r == 0 else f"n{n}-r{r}")
+            dirs[n].append(d)
+            walls[n].append(run(n, d, args))
 
-    meta = results.load_metadata(dirs[fit_worlds[0]])
+    meta = results.load_metadata(dirs[fit_worlds[0]][0])
     print(
         f"# {_dt.date.today().isoformat()}  host {platform.node()}  {os.cpu_count()} cpus  "
         f"torch {__import__('torch').__version__}  backend {meta.get('backend')}  device {meta.get('device_name')}"
     )
-    print("# wall s per run: " + ", ".join(f"n={n}: {w:.0f}" for n, w in walls.items()))
+    print("# wall s per run: " + ", ".join(f"n={n}: {'+'.join(f'{x:.0f}' for x in w)}" for n, w in walls.items()))
     if max(fit_worlds + [args.check_world]) > (os.cpu_count() or 1):
         print(f"# NOTE: {max(fit_worlds)} ranks on {os.cpu_count()} cpus oversubscribe: those times include contention")
 
-    model = costmodel.fit([dirs[n] for n in fit_worlds])
-    print(f"# fit on n={args.fit_worlds} (ring formulas)")
+    model = costmodel.fit([d for n in fit_worlds for d in dirs[n]])
+    print(f"# fit on n={args.fit_worlds}, {args.rounds} run(s) each (ring formulas)")
     print(model.format_summary())
 
-    meas = results.load(dirs[args.check_world])
-    meas = meas[meas["size_bytes"] >= args.min_check]
+    # the measured 3-rank time of a point: the geometric mean of its rounds' medians
+    keys = ["collective", "precision", "world_size", "size_bytes"]
+    each = pd.concat([results.load(d) for d in dirs[args.check_world]], ignore_index=True)
+    each = each[each["size_bytes"] >= args.min_check]
+    each["log_t"] = np.log(each["time_us"].astype(float))
+    meas = each.groupby(keys, sort=False).agg(
+        log_t=("log_t", "mean"), spread=("time_us", lambda v: float(v.max() / v.min())), cv=("cv", "median")
+    ).reset_index()
     rows = []
     for r in meas.itertuples():
         p = model.predict(r.collective, r.precision, world_size=int(r.world_size), nbytes=float(r.size_bytes))
-        t = float(r.time_us) * 1e-6
+        t = math.exp(r.log_t) * 1e-6
         rows.append(
             {
                 "collective": r.collective,
@@ -108,6 +129,7 @@ def main() -> int:
                 "high_ms": p.high_s * 1e3,
                 "meas_ms": t * 1e3,
                 "meas_cv": float(r.cv),
+                "rounds_max/min": r.spread,
                 "ratio": p.time_s / t,
                 "in_interval": p.low_s <= t <= p.high_s,
                 "within_20%": 1 / 1.2 <= p.time_s / t <= 1.2,
@@ -120,8 +142,6 @@ def main() -> int:
     )
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if not df.empty:
-        import numpy as np
-
         g = float(np.exp(np.mean(np.log(df["ratio"]))))
         print(
             f"# {int(df['within_20%'].sum())}/{len(df)} within 20 %, {int(df['in_interval'].sum())}/{len(df)} inside the"

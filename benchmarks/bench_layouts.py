@@ -52,8 +52,18 @@ from commbench.emulate import EmulatedCluster, launch_job, list_namespaces, miss
 # One op per sample for the link-bound points (tens to hundreds of ms each); see benchmarks/interconnects.py.
 FAST = ["--min-time", "0.05", "--min-iters", "1", "--repeats", "3", "--warmup", "1", "--quiet", "--no-training",
         "--no-report"]  # fmt: skip
-FIT_LAYOUTS = ((2, 1), (3, 1))
+FIT_LAYOUTS = "3x1,4x1"
 CHECK_LAYOUTS = ((2, 2),)
+
+
+def _layouts(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        out = tuple((int(a), int(b)) for a, b in (item.lower().split("x") for item in text.split(",")))
+    except ValueError:
+        raise SystemExit(f"bench_layouts: --fit-layouts takes NODESxRANKS[,...] (e.g. 3x1,4x1), got {text!r}") from None
+    if len(out) < 2 or any(n < 2 or g != 1 for n, g in out):
+        raise SystemExit(f"bench_layouts: --fit-layouts needs >= 2 layouts of >= 2 nodes x 1 rank, got {text!r}")
+    return out
 
 
 def run_layout(nodes: int, gpn: int, groups: str, out: Path, args: argparse.Namespace) -> float:
@@ -88,8 +98,10 @@ def main() -> int:
     ap.add_argument("-e", "--maxbytes", default="4M")
     ap.add_argument("--min-check", type=int, default=1 << 20, help="smallest wire size counted (bytes, default 1 MiB)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per job (default 900)")
+    ap.add_argument("--fit-layouts", default=FIT_LAYOUTS, help=f"layout A, NODESx1,... (default {FIT_LAYOUTS})")
     args = ap.parse_args()
-    dirs = {(n, g): args.out_root / f"{n}x{g}-{args.rate}" for n, g in (*FIT_LAYOUTS, *CHECK_LAYOUTS)}
+    fit_layouts = _layouts(args.fit_layouts)
+    dirs = {(n, g): args.out_root / f"{n}x{g}-{args.rate}" for n, g in (*fit_layouts, *CHECK_LAYOUTS)}
     if any(not (d / "results.csv").is_file() for d in dirs.values()):
         why = missing_requirements()
         if why:
@@ -97,7 +109,7 @@ def main() -> int:
             return 2
     args.out_root.mkdir(parents=True, exist_ok=True)
     walls = {
-        k: run_layout(k[0], k[1], "world" if k in FIT_LAYOUTS else "world,inter", d, args) for k, d in dirs.items()
+        k: run_layout(k[0], k[1], "world" if k in fit_layouts else "world,inter", d, args) for k, d in dirs.items()
     }
     left = [ns for ns in list_namespaces() if ns.startswith("cbemu-")] if not missing_requirements() else []
 
@@ -106,8 +118,8 @@ def main() -> int:
     print(f"# {_dt.date.today().isoformat()}  host {platform.node()}  {os.cpu_count()} cpus  torch {torch.__version__}"
           f"  gloo  link tbf {args.rate} both ways")  # fmt: skip
     print("# wall s per run: " + ", ".join(f"{n}x{g}: {w:.0f}" for (n, g), w in walls.items()))
-    model = costmodel.fit([dirs[k] for k in FIT_LAYOUTS])
-    print(f"# fit on layout A = {', '.join(f'{n}x{g}' for n, g in FIT_LAYOUTS)} (world groups, one rank per node)")
+    model = costmodel.fit([dirs[k] for k in fit_layouts])
+    print(f"# fit on layout A = {', '.join(f'{n}x{g}' for n, g in fit_layouts)} (world groups, one rank per node)")
     print(model.format_summary())
 
     rows = []
