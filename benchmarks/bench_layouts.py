@@ -54,6 +54,8 @@ FAST = ["--min-time", "0.05", "--min-iters", "1", "--repeats", "3", "--warmup", 
         "--no-report"]  # fmt: skip
 FIT_LAYOUTS = "3x1,4x1"
 CHECK_LAYOUTS = ((2, 2),)
+WORLD_FIT = ((2, 1), (4, 1))
+WORLD_CHECK = ((3, 1),)
 
 
 def _layouts(text: str) -> tuple[tuple[int, int], ...]:
@@ -101,7 +103,8 @@ def main() -> int:
     ap.add_argument("--fit-layouts", default=FIT_LAYOUTS, help=f"layout A, NODESx1,... (default {FIT_LAYOUTS})")
     args = ap.parse_args()
     fit_layouts = _layouts(args.fit_layouts)
-    dirs = {(n, g): args.out_root / f"{n}x{g}-{args.rate}" for n, g in (*fit_layouts, *CHECK_LAYOUTS)}
+    layouts = dict.fromkeys((*fit_layouts, *WORLD_FIT, *WORLD_CHECK, *CHECK_LAYOUTS))
+    dirs = {(n, g): args.out_root / f"{n}x{g}-{args.rate}" for n, g in layouts}
     if any(not (d / "results.csv").is_file() for d in dirs.values()):
         why = missing_requirements()
         if why:
@@ -109,7 +112,7 @@ def main() -> int:
             return 2
     args.out_root.mkdir(parents=True, exist_ok=True)
     walls = {
-        k: run_layout(k[0], k[1], "world" if k in fit_layouts else "world,inter", d, args) for k, d in dirs.items()
+        k: run_layout(k[0], k[1], "world,inter" if k[1] > 1 else "world", d, args) for k, d in dirs.items()
     }
     left = [ns for ns in list_namespaces() if ns.startswith("cbemu-")] if not missing_requirements() else []
 
@@ -118,12 +121,26 @@ def main() -> int:
     print(f"# {_dt.date.today().isoformat()}  host {platform.node()}  {os.cpu_count()} cpus  torch {torch.__version__}"
           f"  gloo  link tbf {args.rate} both ways")  # fmt: skip
     print("# wall s per run: " + ", ".join(f"{n}x{g}: {w:.0f}" for (n, g), w in walls.items()))
-    model = costmodel.fit([dirs[k] for k in fit_layouts])
-    print(f"# fit on layout A = {', '.join(f'{n}x{g}' for n, g in fit_layouts)} (world groups, one rank per node)")
+    ok_layouts = check(dirs, fit_layouts, CHECK_LAYOUTS, "layout A", args.min_check)
+    # issue 12's world-size check (fit on 2 and 4 ranks, predict 3) on this fabric: the node links are the
+    # bottleneck, as on a cluster, where on loopback 4 ranks on 2 cores time the CPU contention instead
+    ok_worlds = check(dirs, WORLD_FIT, WORLD_CHECK, "world sizes", args.min_check)
+    print(f"# runs: {args.out_root}; emulated namespaces left: {left or 'none'}")
+    return 0 if ok_layouts and ok_worlds else 1
+
+
+def check(
+    dirs: dict[tuple[int, int], Path], fit_on: tuple[tuple[int, int], ...], check_on: tuple[tuple[int, int], ...],
+    what: str, min_check: int,
+) -> bool:  # fmt: skip
+    """Fit on the runs of ``fit_on``, predict every point of ``check_on``'s runs, print the ratios; all within 20 %?"""
+    model = costmodel.fit([dirs[k] for k in fit_on])
+    print(f"\n## {what}: fit on {', '.join(f'{n}x{g}' for n, g in fit_on)} (world groups, one rank per node), "
+          f"predict {', '.join(f'{n}x{g}' for n, g in check_on)}")  # fmt: skip
     print(model.format_summary())
 
     rows = []
-    for nodes, gpn in CHECK_LAYOUTS:
+    for nodes, gpn in check_on:
         meas = results.load(dirs[(nodes, gpn)])
         for r in meas.itertuples():
             n = int(r.group_size) if pd.notna(r.group_size) else int(r.world_size)
@@ -138,19 +155,16 @@ def main() -> int:
                 "meas_ms": t * 1e3, "ratio": p.time_s / t, "in_95%": bool(p.low_s <= t <= p.high_s),
             })  # fmt: skip
     df = pd.DataFrame(rows)
-    print(
-        f"\n# predicted (fit on A) / measured (B); target: within 20 % (0.83..1.2) at wire sizes >= {args.min_check} B"
-    )
+    print(f"# {what}: predicted / measured; target: within 20 % (0.83..1.2) at wire sizes >= {min_check} B")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    big = df[df["wire_bytes"] >= args.min_check]
+    big = df[df["wire_bytes"] >= min_check]
     ok = (big["ratio"] >= 1 / 1.2) & (big["ratio"] <= 1.2)
     for grp, g in big.groupby("group", sort=False):
         k = ok[g.index]
-        print(f"# {grp}: {int(k.sum())}/{len(g)} within 20 %; geometric-mean ratio "
+        print(f"# {what}, {grp}: {int(k.sum())}/{len(g)} within 20 %; geometric-mean ratio "
               f"{float(np.exp(np.mean(np.log(g['ratio'])))):.3f}, range {g['ratio'].min():.3f}..{g['ratio'].max():.3f}")  # fmt: skip
-    print(f"# all: {int(ok.sum())}/{len(big)} within 20 % at sizes >= {args.min_check} B (target: all)")
-    print(f"# runs: {args.out_root}; emulated namespaces left: {left or 'none'}")
-    return 0 if bool(ok.all()) else 1
+    print(f"# {what}, all: {int(ok.sum())}/{len(big)} within 20 % at sizes >= {min_check} B (target: all)")
+    return bool(ok.all())
 
 
 if __name__ == "__main__":
