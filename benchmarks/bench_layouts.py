@@ -24,7 +24,7 @@ Each sweep: ``commbench run --collectives all_reduce,all_gather,reduce_scatter -
 -f 2 --min-time 0.05 --min-iters 1 --repeats 3 --warmup 1 --no-training`` (sizes count the user's fp32 bytes; bf16's
 wire sizes are half). Needs root, ``ip`` and ``tc``.
 
-Measured 2026-11-30 23:16-23:20 UTC, host "vm" (2 cpus, quiet), torch 2.13.0+cpu, gloo, tbf 300mbit (37.5 MB/s),
+Measured 2026-11-30 23:17-23:20 UTC, host "vm" (2 cpus, quiet), torch 2.13.0+cpu, gloo, tbf 300mbit (37.5 MB/s),
 wall 31 s (3x1) + 53 s (4x1) + 34 s (2x1) + 88 s (2x2):
 
 * layouts: **30/30 within 20 %** at >= 1 MiB (world 15/15, geometric mean 1.014, 0.964..1.075; inter 15/15, 1.076,
