@@ -32,11 +32,13 @@ sys.path.insert(0, str(ROOT))
 
 
 FLUSH_TCP_METRICS = False
-SETTLE_S = 5.0
-"""``--settle``: seconds of idle before every fidelity run. Without it a run starts in the wake of the one before:
-with 8 B runs interleaved, the 1 MiB ratio read 0.863 [0.823-0.904] (alternating) and 0.893 [0.871-0.915] (ABBA),
-against 0.973 [0.915-1.036] for 1 MiB runs alone; with 5 s before every run, 8 ABBA pairs over all three sizes read
-1 MiB 0.974 [0.884-1.072], 8 B 1.098, 16 MiB 1.006 (2026-11-30 22:39-22:58 UTC)."""
+SETTLE_S = 0.0
+"""``--settle``: seconds of idle before every fidelity run (default none). Tried as the fix for the 1 MiB gap seen
+when 8 B runs are interleaved (0.863 [0.823-0.904] alternating, 0.893 [0.871-0.915] ABBA, against 0.973
+[0.915-1.036] for 1 MiB runs alone): with 5 s before every run, 8 ABBA pairs over all three sizes read 1 MiB 0.974
+[0.884-1.072], 8 B 1.098 [0.966-1.247] while the machine was slow (8 B ~250-500 us, 22:39-22:58 UTC) and 1 MiB
+0.900 [0.848-0.955], 8 B 1.144 [1.058-1.237] once it was fast again (8 B ~190-290 us, 23:21-23:38 UTC): the gap
+follows the machine's state, not the pause."""
 
 
 def forget_loopback_tcp_metrics() -> None:
@@ -268,8 +270,7 @@ def main() -> None:
                     help="fidelity: the raw loop repeats its 20 ops for about this long, at least 15 times (0: 15 times)")  # fmt: skip
     ap.add_argument("--flush-tcp-metrics", action="store_true",
                     help="before every run, drop the kernel's cached TCP metrics for 127.0.0.1 (root; `ip tcp_metrics`)")  # fmt: skip
-    ap.add_argument("--settle", type=float, default=5.0,
-                    help="fidelity: seconds of idle before every run (default 5; 0: none)")  # fmt: skip
+    ap.add_argument("--settle", type=float, default=0.0, help="fidelity: seconds of idle before every run")
     args = ap.parse_args()
     global FLUSH_TCP_METRICS, SETTLE_S
     FLUSH_TCP_METRICS, SETTLE_S = args.flush_tcp_metrics, args.settle
