@@ -82,6 +82,8 @@ def main() -> int:
     ap.add_argument("--check-world", type=int, default=3)
     ap.add_argument("--min-check", type=int, default=1 << 20, help="smallest wire size checked (bytes)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
 
     root = args.out_root or Path(tempfile.mkdtemp(prefix="bench_costmodel."))
     root.mkdir(parents=True, exist_ok=True)
@@ -116,9 +118,11 @@ def main() -> int:
     each = pd.concat([results.load(d) for d in dirs[args.check_world]], ignore_index=True)
     each = each[each["size_bytes"] >= args.min_check]
     each["log_t"] = np.log(each["time_us"].astype(float))
-    meas = each.groupby(keys, sort=False).agg(
-        log_t=("log_t", "mean"), spread=("time_us", lambda v: float(v.max() / v.min())), cv=("cv", "median")
-    ).reset_index()
+    meas = (
+        each.groupby(keys, sort=False)
+        .agg(log_t=("log_t", "mean"), spread=("time_us", lambda v: float(v.max() / v.min())), cv=("cv", "median"))
+        .reset_index()
+    )
     rows = []
     for r in meas.itertuples():
         p = model.predict(r.collective, r.precision, world_size=int(r.world_size), nbytes=float(r.size_bytes))

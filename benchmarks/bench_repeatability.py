@@ -150,7 +150,7 @@ def ab(out: Path) -> None:
               f"[{r.time_ratio_ci_low:.3f}-{r.time_ratio_ci_high:.3f}]  {r.verdict}")  # fmt: skip
 
 
-RAW = r'''
+RAW = r"""
 import os, sys, time, statistics, torch, torch.distributed as dist
 rank, world, port, nbytes, reps = (int(a) for a in sys.argv[1:6])
 seconds = float(sys.argv[6])
@@ -177,7 +177,7 @@ dist.all_gather_object(out, statistics.median(times))
 if rank == 0:
     print(sum(out) / world)
 dist.destroy_process_group()
-'''
+"""
 
 
 def raw_time_us(nbytes: int, reps: int = 15, seconds: float = 3.0) -> float:
@@ -192,8 +192,12 @@ def raw_time_us(nbytes: int, reps: int = 15, seconds: float = 3.0) -> float:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     procs = [
-        subprocess.Popen([sys.executable, "-c", RAW, str(r), "2", str(port), str(nbytes), str(reps), str(seconds)],
-                         stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", RAW, str(r), "2", str(port), str(nbytes), str(reps), str(seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
         for r in range(2)
     ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
