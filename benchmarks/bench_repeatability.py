@@ -32,6 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 
 FLUSH_TCP_METRICS = False
+RAW_UNBOUND = False
+"""``--raw-unbound``: leave the raw loop's ranks to the scheduler instead of binding them as the CLI binds its
+ranks. Same thread count, but not the same placement: unbound, the two ranks sometimes share a core, where a 1 MiB
+all_reduce takes 0.8-1.3 ms instead of ~2.1 ms, so the reference itself moves between runs."""
 SETTLE_S = 0.0
 """``--settle``: seconds of idle before every fidelity run (default none). Tried as the fix for the 1 MiB gap seen
 when 8 B runs are interleaved (0.863 [0.823-0.904] alternating, 0.893 [0.871-0.915] ABBA, against 0.973
@@ -186,20 +190,23 @@ def raw_time_us(nbytes: int, reps: int = 15, seconds: float = 3.0) -> float:
     The loop runs at least ``reps`` times and for about ``seconds``, the quick suite's budget per size: sampled over
     0.1 s (15 reps of 20 ops at 8 B) the raw median caught whatever state the machine was in and moved 350-680 us
     between processes while the CLI's, sampled over 3 s, stayed within 550-625 us."""
-    from commbench.launch import free_port
+    from commbench.launch import allowed_cores, core_blocks, free_port
 
     forget_loopback_tcp_metrics()
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen(
+    # bound as the CLI binds its local ranks (each its own core), unless --raw-unbound
+    blocks = None if RAW_UNBOUND else core_blocks(allowed_cores(), 2)
+    procs = []
+    for r in range(2):
+        procs.append(subprocess.Popen(
             [sys.executable, "-c", RAW, str(r), "2", str(port), str(nbytes), str(reps), str(seconds)],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
-        )  # fmt: skip
-        for r in range(2)
-    ]
+        ))  # fmt: skip
+        if blocks:
+            os.sched_setaffinity(procs[-1].pid, blocks[r])
     outs = [p.communicate(timeout=600)[0] for p in procs]
     return float(outs[0].strip()) * 1e6
 
@@ -216,7 +223,8 @@ def t95(df: int) -> float:
 
 
 def fidelity(out: Path, pairs: int, only: list[str] | None = None, raw_seconds: float = 3.0) -> None:
-    print("## fidelity: what the CLI prints (its defaults) / a raw 20-op dist.all_reduce loop, 2 ranks x 1 thread")
+    bound = "unbound" if RAW_UNBOUND else "each rank bound to its own core, as the CLI binds its ranks"
+    print(f"## fidelity: what the CLI prints (its defaults) / a raw 20-op dist.all_reduce loop, 2 ranks x 1 thread, {bound}")
     sizes = {k: v for k, v in FIDELITY_SIZES.items() if not only or k in only}
     ratios: dict[str, list[float]] = {k: [] for k in sizes}
     from commbench.results import load
@@ -275,9 +283,11 @@ def main() -> None:
     ap.add_argument("--flush-tcp-metrics", action="store_true",
                     help="before every run, drop the kernel's cached TCP metrics for 127.0.0.1 (root; `ip tcp_metrics`)")  # fmt: skip
     ap.add_argument("--settle", type=float, default=0.0, help="fidelity: seconds of idle before every run")
+    ap.add_argument("--raw-unbound", action="store_true",
+                    help="fidelity: do not bind the raw loop's ranks to cores (the CLI binds its ranks by default)")  # fmt: skip
     args = ap.parse_args()
-    global FLUSH_TCP_METRICS, SETTLE_S
-    FLUSH_TCP_METRICS, SETTLE_S = args.flush_tcp_metrics, args.settle
+    global FLUSH_TCP_METRICS, SETTLE_S, RAW_UNBOUND
+    FLUSH_TCP_METRICS, SETTLE_S, RAW_UNBOUND = args.flush_tcp_metrics, args.settle, args.raw_unbound
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}  cores {os.cpu_count()}"
           f"{'  tcp metrics of 127.0.0.1 flushed before every run' if FLUSH_TCP_METRICS else ''}"
           f"{f'  {SETTLE_S:g} s idle before every fidelity run' if SETTLE_S else ''}")  # fmt: skip

@@ -262,10 +262,12 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:
         torch.set_num_threads(threads)
-    if os.environ.get(PIN_ENV) == "1" and hasattr(os, "sched_setaffinity"):
-        # opt-in: one core per local rank (rank r on core r), so a busy core slows exactly one rank
+    if info.launcher != "local" and os.environ.get(PIN_ENV) == "1" and hasattr(os, "sched_setaffinity"):
+        # opt-in under torchrun / Slurm / MPI (a local spawn binds its ranks as it starts them): local rank r on
+        # its block of the allowed cores, so a busy core slows exactly one rank
         cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[info.local_rank % len(cores)]})
+        blocks = core_blocks(cores, info.local_world_size)
+        os.sched_setaffinity(0, blocks[info.local_rank] if blocks else {cores[info.local_rank % len(cores)]})
     if backend == "nccl":
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
@@ -355,7 +357,49 @@ LOG_DIR_ENV = "COMMBENCH_LOG_DIR"
 """Set on every rank of a local spawn that keeps logs: the directory of ``rank<r>.log``."""
 
 PIN_ENV = "COMMBENCH_PIN_RANKS"
-"""Set to 1 to pin each local rank to one core (rank r on the r-th allowed core)."""
+"""Core binding of local ranks. A local spawn binds each rank to its own block of the allowed cores unless this is
+``0``; under torchrun / Slurm / MPI ranks are bound only when it is ``1`` (the launcher owns placement)."""
+
+
+def allowed_cores() -> list[int]:
+    """The cores this process may run on (its affinity where the platform says, else all of them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def core_blocks(cores: Sequence[int], nproc: int) -> list[set[int]] | None:
+    """``nproc`` disjoint, equal blocks of consecutive ``cores`` (rank r gets the r-th; leftovers unused), or None
+    when there are fewer cores than ranks: oversubscribed ranks are left to the scheduler.
+
+    Why bind at all: left to the scheduler, two loopback ranks sometimes share a core (they ping-pong, and the
+    scheduler pulls a woken task next to its waker), and a shared core copies the message within its own cache:
+    gloo's 2-rank fp32 all_reduce of 1 MiB took 0.77-1.33 ms with both ranks on one core and 2.0-2.2 ms on two,
+    8 B 93-168 us against 132-153 us (this project's 2-core VM, 5 rounds each). Unbound, a run lands anywhere
+    between, so two identical runs disagree; bound, a rank owns its core, as under ``mpirun --bind-to core``."""
+    if nproc < 1 or len(cores) < nproc:
+        return None
+    per = len(cores) // nproc
+    return [set(cores[r * per : (r + 1) * per]) for r in range(nproc)]
+
+
+def describe_cores(cores: Sequence[int] | set[int]) -> str:
+    """``0-3,8`` for cores {0, 1, 2, 3, 8}: the cpulist form of taskset and /sys."""
+    xs = sorted(cores)
+    parts: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def rank_cores() -> str | None:
+    """This process's cores as a cpulist (``describe_cores``), or None where the platform cannot say."""
+    return describe_cores(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 STORE_FD_ENV = "COMMBENCH_STORE_FD"
 """Set on every rank of a local spawn: rank 0's value is the inherited, already-listening rendezvous socket."""
@@ -457,7 +501,8 @@ def spawn_local(
     """Run ``python -m commbench ARGV`` as ``nproc`` local ranks on 127.0.0.1 and supervise them.
 
     Returns when every rank exited 0; raises :class:`RankFailure` naming the culprit otherwise. Each rank gets
-    an equal share of the cores (``OMP_NUM_THREADS``), as torchrun would set it.
+    an equal share of the cores (``OMP_NUM_THREADS``), as torchrun would set it, and is bound to that share
+    (:func:`core_blocks`; not with ``COMMBENCH_PIN_RANKS=0``, nor when there are more ranks than cores).
 
     With ``log_dir``, the stderr of ranks 1.. goes to ``log_dir/rank<r>.log`` (appended: a resumed run keeps
     its history) and every rank writes its traceback there; rank 0 keeps the console for its progress and
@@ -469,7 +514,9 @@ def spawn_local(
         log_dir.mkdir(parents=True, exist_ok=True)
     listener = loopback_listener()
     port = int(listener.getsockname()[1])
-    threads = max(1, (os.cpu_count() or 1) // nproc)
+    cores = allowed_cores()
+    blocks = core_blocks(cores, nproc) if os.environ.get(PIN_ENV) != "0" and hasattr(os, "sched_setaffinity") else None
+    threads = len(blocks[0]) if blocks else max(1, len(cores) // nproc)
     procs: list[subprocess.Popen[bytes]] = []
     ours = {"COMMBENCH_LAUNCHER": "local", "COMMBENCH_PARENT_PID": str(os.getpid())}
     try:
@@ -487,6 +534,10 @@ def spawn_local(
             procs.append(
                 subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env, pass_fds=fds, stderr=stderr)
             )
+            if blocks:
+                # bound before the rank has started a thread (Popen returns once the child has exec'd), so
+                # every thread it starts (gloo's, torch's) inherits the block
+                os.sched_setaffinity(procs[-1].pid, blocks[rank])
         listener.close()  # rank 0 owns it now
         try:
             _supervise(procs, timeout_s, grace_s)

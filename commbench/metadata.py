@@ -218,21 +218,25 @@ def node_facts(env: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 def merge_nodes(per_rank: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One report per host from every rank's (in rank order): the host's ranks, then the facts of its first rank
-    that carries them (``node_facts`` keys); hosts in order of their lowest rank."""
+    """One report per host from every rank's (in rank order): the host's ranks and, in the same order, the cores
+    each was bound to (``rank_cores``: a cpulist, None where unknown), then the facts of its first rank that
+    carries them (``node_facts`` keys); hosts in order of their lowest rank."""
     out: dict[str, dict[str, Any]] = {}
     for rank, item in enumerate(per_rank):
         host = str(item.get("host"))
-        node = out.setdefault(host, {"host": host, "ranks": []})
+        node = out.setdefault(host, {"host": host, "ranks": [], "rank_cores": []})
         node["ranks"].append(rank)
+        node["rank_cores"].append(item.get("cores"))
         for k, v in item.items():
-            node.setdefault(k, v)
+            if k != "cores":
+                node.setdefault(k, v)
     return list(out.values())
 
 
 def gather_nodes(d: Any) -> list[dict[str, Any]]:
     """Every node's report (on every rank): a collective, call it on every rank of the world ``d``."""
-    from commbench.launch import node_leader
+    from commbench.launch import node_leader, rank_cores
 
     mine = node_facts() if node_leader(d) else {"host": d.host}
+    mine["cores"] = rank_cores()
     return merge_nodes(d.gather_object(mine))

@@ -794,6 +794,15 @@ def _nic(n: dict[str, Any]) -> str:
     return f"{n.get('name')} ({speed / 1000:g} Gbit/s)" if speed else str(n.get("name"))
 
 
+def _bound(node: dict[str, Any]) -> str:
+    """`` (cores 0 | 1)``: the cores each rank of a node was bound to, in rank order; empty when none was bound
+    (every rank may run on every core) or the run did not record it."""
+    cores = node.get("rank_cores") or []
+    if not cores or any(c is None for c in cores) or len(set(cores)) == 1:
+        return ""
+    return f" (cores {' | '.join(cores)})"
+
+
 def nodes_table(meta: dict[str, Any]) -> Table | None:
     """One row per node: what each node reported about itself (metadata ``node_reports``)."""
     nodes = meta.get("node_reports") or []
@@ -805,7 +814,7 @@ def nodes_table(meta: dict[str, Any]) -> Table | None:
         rows.append(
             [
                 str(n.get("host")),
-                _ranks(list(n.get("ranks") or [])),
+                _ranks(list(n.get("ranks") or [])) + _bound(n),
                 fmt(n.get("cpu")) + (f" ({n['cpu_count']} cores)" if n.get("cpu_count") else ""),
                 "; ".join(n.get("gpus") or []) or "none",
                 ", ".join(_nic(x) for x in n.get("nics") or []),
