@@ -1,4 +1,5 @@
-"""A local spawn listens on loopback only (rendezvous store and gloo), and refuses absurd world sizes."""
+"""A local spawn listens on loopback only (rendezvous store and gloo), binds each rank to its own cores, and refuses
+absurd world sizes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.cli_util import FAST, commbench
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,3 +78,42 @@ def test_local_nproc_bound_names_the_limit() -> None:
     check_local_nproc(64, cores=16)
     with pytest.raises(ValueError, match="at most 64"):
         check_local_nproc(65, cores=16)
+
+
+def test_core_blocks_split_the_allowed_cores_or_leave_oversubscribed_ranks_alone() -> None:
+    from commbench.launch import core_blocks, describe_cores
+
+    assert core_blocks([0, 1], 2) == [{0}, {1}]
+    assert core_blocks([0, 1, 2, 3, 4, 5, 6], 3) == [{0, 1}, {2, 3}, {4, 5}]  # core 6 left over
+    assert core_blocks([4, 5, 8, 9], 2) == [{4, 5}, {8, 9}]  # the allowed set, not 0..n-1
+    assert core_blocks([0, 1], 3) is None
+    assert core_blocks([0], 0) is None
+    assert describe_cores({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
+    assert describe_cores([5]) == "5"
+
+
+def _rank_cores(run: Path) -> tuple[int, list[str]]:
+    import json
+
+    meta = json.loads((run / "metadata.json").read_text())
+    (node,) = meta["node_reports"]
+    return meta["threads_per_rank"], node["rank_cores"]
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 allowed cores"
+)
+def test_local_spawn_binds_each_rank_to_its_own_cores_unless_told_not_to(tmp_path: Path) -> None:
+    from commbench.launch import core_blocks, describe_cores
+
+    allowed = sorted(os.sched_getaffinity(0))
+    args = ["run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", "1K", "-e", "1K", "--nproc", "2", *FAST]
+    p = commbench(*args, "--out", str(tmp_path / "bound"), cwd=tmp_path, env={"COMMBENCH_PIN_RANKS": ""})
+    assert p.returncode == 0, p.stderr
+    threads, cores = _rank_cores(tmp_path / "bound")
+    blocks = core_blocks(allowed, 2)
+    assert blocks is not None
+    assert cores == [describe_cores(b) for b in blocks] and threads == len(blocks[0])
+    p = commbench(*args, "--out", str(tmp_path / "free"), cwd=tmp_path, env={"COMMBENCH_PIN_RANKS": "0"})
+    assert p.returncode == 0, p.stderr
+    assert _rank_cores(tmp_path / "free")[1] == [describe_cores(allowed)] * 2

@@ -101,16 +101,20 @@ def test_node_reports_merge_and_show_in_the_report() -> None:
         {"host": "a", "cpu": "Xeon", "cpu_count": 8, "gpus": ["H100", "H100"], "env": {"NCCL_IB_HCA": "mlx5"},
          "nics": [{"name": "ib0", "speed_mbps": 400000}], "nvidia_topo": topo},
         {"host": "a"},
-        {"host": "b", "cpu": "Xeon", "gpus": [], "env": {}, "nics": [], "nvidia_topo": None},
-        {"host": "b"},
+        {"host": "b", "cpu": "Xeon", "gpus": [], "env": {}, "nics": [], "nvidia_topo": None, "cores": "0-3"},
+        {"host": "b", "cores": "4-7"},
         {"host": "a"},
     ]  # fmt: skip
     merged = merge_nodes(per_rank)
     assert [(m["host"], m["ranks"]) for m in merged] == [("a", [0, 1, 4]), ("b", [2, 3])]
+    # each rank's cores, in the node's rank order; a node whose ranks did not say keeps None for them
+    assert [m["rank_cores"] for m in merged] == [[None, None, None], ["0-3", "4-7"]]
+    assert "cores" not in merged[1]
     table = nodes_table({"node_reports": merged})
     assert table is not None
     rows = {r[0]: dict(zip(table.columns, r, strict=True)) for r in table.rows}
     assert rows["a"]["ranks"] == "0-1, 4" and rows["b"]["GPUs"] == "none"
+    assert rows["b"]["ranks"] == "2-3 (cores 0-3 | 4-7)"
     assert "ib0 (400 Gbit/s)" in rows["a"]["NICs (speed where /sys/class/net says)"]
     assert rows["a"]["NCCL_* / GLOO_* environment"] == "NCCL_IB_HCA=mlx5"
     (t,) = topology_tables({"node_reports": merged})

@@ -116,15 +116,19 @@ def test_rounds_rotate_the_order_and_pair_drift() -> None:
     # A machine that slows down round after round: both contenders see the same drift within a round.
     c = FakeClock(0.0)
     order: list[str] = []
-    slow = [1.0]
-    op = _recording_ops(c, order, slow)
+    calls = {"a": 0, "b": 0}
 
-    def gather(v: list[float]) -> list[list[float]]:
-        slow[0] *= 1.5  # drift between rounds
-        return [v]
+    def op(name: str, dt: float):  # type: ignore[no-untyped-def]
+        def f() -> None:
+            order.append(name)
+            rnd = max(0, calls[name] - 1) // 10  # calibration's one call, then 10 per round
+            calls[name] += 1
+            c.t += dt * 1.5**rnd  # drift between rounds
 
-    r = _rounds(c, [[op("a", 1e-3)], [op("b", 2e-3)]], warmup=0, min_iters=10, min_time_s=1e-6, gather=gather,
-                max_rounds=8, target_rel_ci=1e-9)  # fmt: skip
+        return f
+
+    r = _rounds(c, [[op("a", 1e-3)], [op("b", 2e-3)]], warmup=0, min_iters=10, min_time_s=1e-6, max_rounds=8,
+                target_rel_ci=1e-9)  # fmt: skip
     timed = order[-8 * 20 :]
     firsts = [timed[i * 20] for i in range(8)]
     assert firsts == ["a", "b"] * 4
@@ -199,7 +203,8 @@ def test_isolated_mode_times_one_op_after_the_gap_and_takes_the_fastest_rank() -
         c.t += 0.02
 
     def gather(v: list[float]) -> list[list[float]]:
-        return [v, [3 * v[0], v[1], v[2]]]  # the other rank waited: its op took 3x as long
+        # a block of rounds, (op, wait) each, then the elapsed time; the other rank waited: its op took 3x as long
+        return [v, [3 * x if i % 2 == 0 else x for i, x in enumerate(v[:-1])] + [v[-1]]]
 
     r = _rounds(c, [[op]], warmup=0, min_iters=20, min_time_s=1.0, gather=gather, gap=gap, min_rounds=4, max_rounds=4)
     assert r.iters == ((1,),) and r.rounds == 4 and r.across_ranks == "min"
@@ -208,3 +213,33 @@ def test_isolated_mode_times_one_op_after_the_gap_and_takes_the_fastest_rank() -
     assert r.per_sample(0, 0) == pytest.approx([1e-3] * 4)
     with pytest.raises(ValueError, match="combine ranks"):
         _rounds(c, [[op]], prior=r)  # a stream pass cannot continue isolated rounds
+
+
+def test_ranks_exchange_values_once_per_block_of_rounds_not_after_every_round() -> None:
+    # Work between two samples slows the next one, so the exchange and the stopping test come once per ~exchange_s
+    # of rounds: the first as soon as a stop is allowed (min_rounds), then one block (10 rounds of 1 ms) apart,
+    # the last block cut at max_rounds. Every round's values arrive, in order.
+    def run(exchange_s: float) -> tuple[list[int], object]:
+        c = FakeClock(1e-3)
+        sizes: list[int] = []
+
+        def gather(v: list[float]) -> list[list[float]]:
+            sizes.append((len(v) - 1) // 2)  # rounds in this block: (op, wait) each, then the elapsed time
+            return [v]
+
+        r = _rounds(c, [[c.op]], min_iters=1, min_time_s=1e-3, gather=gather, min_rounds=6, max_rounds=50,
+                    ci=lambda xs: 1.0, exchange_s=exchange_s)  # fmt: skip  (never precise: runs to max_rounds)
+        return sizes, r
+
+    sizes, r = run(0.01)
+    assert sizes == [6, 10, 10, 10, 10, 4]
+    assert r.rounds == 50 and r.per_sample_total(0) == pytest.approx([1e-3] * 50) and len(r.waits[0]) == 50
+    sizes, r = run(0.0)  # a round longer than the block: an exchange after every round
+    assert sizes == [6] + [1] * 44 and r.rounds == 50
+
+
+def test_a_precise_point_stops_at_the_first_allowed_test_whatever_the_block() -> None:
+    c = FakeClock(1e-3)
+    r = _rounds(c, [[c.op]], min_iters=1, min_time_s=1e-3, min_rounds=6, max_rounds=50, target_rel_ci=0.5,
+                exchange_s=10.0)  # fmt: skip
+    assert r.rounds == 6 and r.converged
