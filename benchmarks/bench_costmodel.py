@@ -11,7 +11,8 @@ point's measured time is the geometric mean of its runs' medians (``rounds_max/m
 Prints, for every 3-rank point of at least ``--min-check`` bytes (default 1 MiB, wire bytes), the prediction, its
 95 % interval, the measurement and predicted/measured; target: within 20 % (0.83 <= ratio <= 1.2). On a machine with
 fewer cores than ranks the 4-rank run oversubscribes the CPUs, so its times carry contention the 3-rank run has less
-of: read the ratios with that in mind.
+of: read the ratios with that in mind. There no run binds its ranks to cores (``COMMBENCH_PIN_RANKS=0``), so that 2,
+3 and 4 ranks run under the same placement (the measurements below were taken before local ranks were bound).
 
 Measured 2026-11-30, host "vm" (2 cpus), torch 2.13.0+cpu, gloo, 1 node, default repeats, no other job:
 22:59-23:14 UTC, 2 rounds (wall 71-73 s per 2-rank run, 95-97 s per 3-rank, 109 s per 4-rank): **13/17** within
@@ -63,8 +64,16 @@ def run(n: int, out: Path, args: argparse.Namespace) -> float:
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     print("# " + " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=placement_env())
     return time.perf_counter() - t0
+
+
+def placement_env() -> dict[str, str] | None:
+    """Every world size under the same placement: a local spawn binds each rank to its own cores only when every
+    rank gets one, so where the largest world (4) oversubscribes the cores, no run is bound."""
+    from commbench.launch import allowed_cores
+
+    return {**os.environ, "COMMBENCH_PIN_RANKS": "0"} if len(allowed_cores()) < 4 else None
 
 
 def main() -> int:

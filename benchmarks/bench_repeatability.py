@@ -3,6 +3,7 @@
     python benchmarks/bench_repeatability.py aa        # two identical `python -m commbench` runs, compared
     python benchmarks/bench_repeatability.py ab        # the same sweep with and without a busy process on core 0
     python benchmarks/bench_repeatability.py fidelity  # CLI busbw / time against a raw 20-op dist.all_reduce loop
+                                                       # whose ranks are bound to cores as the CLI binds its own
     python benchmarks/bench_repeatability.py all       # the three, in that order
 
 Targets (issue "The same question gives the same answer"):
@@ -224,7 +225,8 @@ def t95(df: int) -> float:
 
 def fidelity(out: Path, pairs: int, only: list[str] | None = None, raw_seconds: float = 3.0) -> None:
     bound = "unbound" if RAW_UNBOUND else "each rank bound to its own core, as the CLI binds its ranks"
-    print(f"## fidelity: what the CLI prints (its defaults) / a raw 20-op dist.all_reduce loop, 2 ranks x 1 thread, {bound}")
+    print(f"## fidelity: what the CLI prints (its defaults) / a raw 20-op dist.all_reduce loop, 2 ranks x 1 thread, "
+          f"{bound}")  # fmt: skip
     sizes = {k: v for k, v in FIDELITY_SIZES.items() if not only or k in only}
     ratios: dict[str, list[float]] = {k: [] for k in sizes}
     from commbench.results import load

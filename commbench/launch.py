@@ -401,6 +401,7 @@ def rank_cores() -> str | None:
     """This process's cores as a cpulist (``describe_cores``), or None where the platform cannot say."""
     return describe_cores(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
+
 STORE_FD_ENV = "COMMBENCH_STORE_FD"
 """Set on every rank of a local spawn: rank 0's value is the inherited, already-listening rendezvous socket."""
 
@@ -536,8 +537,12 @@ def spawn_local(
             )
             if blocks:
                 # bound before the rank has started a thread (Popen returns once the child has exec'd), so
-                # every thread it starts (gloo's, torch's) inherits the block
-                os.sched_setaffinity(procs[-1].pid, blocks[rank])
+                # every thread it starts (gloo's, torch's) inherits the block; where the system refuses (a
+                # sandbox), the rank runs unbound and its node report says so
+                try:
+                    os.sched_setaffinity(procs[-1].pid, blocks[rank])
+                except OSError:
+                    pass
         listener.close()  # rank 0 owns it now
         try:
             _supervise(procs, timeout_s, grace_s)
