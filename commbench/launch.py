@@ -265,7 +265,7 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
     if info.launcher != "local" and os.environ.get(PIN_ENV) == "1" and hasattr(os, "sched_setaffinity"):
         # opt-in under torchrun / Slurm / MPI (a local spawn binds its ranks as it starts them): local rank r on
         # its block of the allowed cores, so a busy core slows exactly one rank
-        cores = sorted(os.sched_getaffinity(0))
+        cores = allowed_cores()
         blocks = core_blocks(cores, info.local_world_size)
         os.sched_setaffinity(0, blocks[info.local_rank] if blocks else {cores[info.local_rank % len(cores)]})
     if backend == "nccl":
@@ -385,21 +385,14 @@ def core_blocks(cores: Sequence[int], nproc: int) -> list[set[int]] | None:
 
 def describe_cores(cores: Sequence[int] | set[int]) -> str:
     """``0-3,8`` for cores {0, 1, 2, 3, 8}: the cpulist form of taskset and /sys."""
-    xs = sorted(cores)
-    parts: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(parts)
+    from commbench.metadata import int_ranges
+
+    return int_ranges(cores)
 
 
 def rank_cores() -> str | None:
     """This process's cores as a cpulist (``describe_cores``), or None where the platform cannot say."""
-    return describe_cores(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return describe_cores(allowed_cores()) if hasattr(os, "sched_getaffinity") else None
 
 
 STORE_FD_ENV = "COMMBENCH_STORE_FD"

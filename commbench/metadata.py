@@ -17,7 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -215,6 +215,17 @@ def node_facts(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "gpus": gpus,
         "nvidia_topo": nvidia_topology(),
     }
+
+
+def int_ranges(xs: Iterable[int], sep: str = ",") -> str:
+    """Runs of consecutive integers: ``0-3,8`` for {0, 1, 2, 3, 8} (the cpulist form of taskset and /sys)."""
+    runs: list[list[int]] = []
+    for x in sorted(xs):
+        if runs and runs[-1][1] == x - 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def merge_nodes(per_rank: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

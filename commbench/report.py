@@ -780,13 +780,9 @@ def metadata_table(meta: dict[str, Any]) -> Table:
 
 def _ranks(ranks: list[int]) -> str:
     """0,1,2,3,6 -> "0-3, 6"."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and runs[-1][1] == r - 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    from commbench.metadata import int_ranges
+
+    return int_ranges(ranks, ", ")
 
 
 def _nic(n: dict[str, Any]) -> str:
