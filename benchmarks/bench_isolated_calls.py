@@ -1,13 +1,19 @@
 """A collective issued after compute against the same collective in a stream, in one 2-rank gloo world.
 
-    python benchmarks/bench_isolated_calls.py [--rounds 40]
+    python benchmarks/bench_isolated_calls.py [--rounds 40] [--placement both|bound|unbound]
 
 Why `timing.mode = "isolated"` exists: a training step issues one collective per bucket after milliseconds of
 compute, not nccl-tests' back-to-back loop. Variants alternate round by round (so a drifting machine hits all
 alike): a 20-op stream after a barrier (per-op time), and one op after a barrier followed by 0, 2 or 20 ms of
 matmuls or 20 ms of sleep. Per sample the faster rank's duration (the other also timed its wait), then the median
 and the 10th/90th percentiles over rounds, for fp32 all_reduce of 1 MiB and 2.56 MiB (DDP's first bucket and
-the gpt training model's second).
+the gpt training model's second), and of 64 KiB. `>2ms` is the share of samples over 2 ms.
+
+Each world runs twice (`--placement both`, the default): each rank bound to its own block of cores as `python -m
+commbench` binds its local ranks (`launch.core_blocks`), and unbound. On this project's 2-core VM a block is one
+core, so a rank's main thread shares it with gloo's threads, and the first op after 20 ms of compute or sleep often
+pays ~3-4 ms (one tick of the kernel's 250 Hz clock) before it moves: the reason an isolated-mode sweep prices
+calls that follow each other closely (FSDP's per-layer all_gathers) high when ranks are bound.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SIZES = {"1M": 262144, "2.56M": 671088}
+SIZES = {"64K": 16384, "1M": 262144, "2.56M": 671088}
 
 
-def worker(rank: int, port: int, rounds: int) -> None:
+def worker(rank: int, port: int, rounds: int, cores: str | None) -> None:
+    if cores:  # before torch starts any thread, so that gloo's threads inherit the binding
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     import torch
     import torch.distributed as dist
 
@@ -76,38 +84,53 @@ def worker(rank: int, port: int, rounds: int) -> None:
             res[k].append(fns[k]())
     out: list = [None, None]
     dist.all_gather_object(out, res)
+    out_cores: list = [None, None]
+    dist.all_gather_object(out_cores, cores)
     if rank == 0:
         base: dict[str, float] = {}
-        print(f"{'variant':<28}{'median_ms':>10}{'p10_ms':>8}{'p90_ms':>8}{'/stream':>9}")
+        print(f"## ranks {'bound to cores ' + ' | '.join(str(c) for c in out_cores) if cores else 'unbound'}")
+        print(f"{'variant':<28}{'median_ms':>10}{'p10_ms':>8}{'p90_ms':>8}{'/stream':>9}{'>2ms':>7}")
         for k in names:
             m = [min(x, y) for x, y in zip(out[0][k], out[1][k], strict=True)]
             q = statistics.quantiles(m, n=10)
             med = statistics.median(m)
             size = k.split()[0]
             base.setdefault(size, med)
-            print(f"{k:<28}{med * 1e3:>10.2f}{q[0] * 1e3:>8.2f}{q[-1] * 1e3:>8.2f}{med / base[size]:>9.2f}")
+            slow = sum(x > 2e-3 for x in m) / len(m)
+            print(f"{k:<28}{med * 1e3:>10.2f}{q[0] * 1e3:>8.2f}{q[-1] * 1e3:>8.2f}{med / base[size]:>9.2f}{slow:>7.2f}")
     dist.destroy_process_group()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--placement", choices=["both", "bound", "unbound"], default="both",
+                    help="bound: each rank on its own block of cores, as the CLI binds its local ranks")  # fmt: skip
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--cores", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rank is not None:
-        worker(a.rank, a.port, a.rounds)
+        worker(a.rank, a.port, a.rounds, a.cores)
         return
-    from commbench.launch import free_port
+    from commbench.launch import allowed_cores, core_blocks, free_port
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}")
-    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--rounds", str(a.rounds)], env=env)
-        for r in range(2)
-    ]
-    sys.exit(max(p.wait() for p in procs))
+    rc = 0
+    for placement in (["bound", "unbound"] if a.placement == "both" else [a.placement]):
+        blocks = core_blocks(allowed_cores(), 2) if placement == "bound" else None
+        if placement == "bound" and blocks is None:
+            print("## bound: fewer cores than ranks, skipped")
+            continue
+        port = free_port()
+        procs = [
+            subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--rounds", str(a.rounds),
+                              *(["--cores", ",".join(map(str, sorted(blocks[r])))] if blocks else [])], env=env)  # fmt: skip
+            for r in range(2)
+        ]
+        rc = max(rc, *(p.wait() for p in procs))
+    sys.exit(rc)
 
 
 if __name__ == "__main__":
