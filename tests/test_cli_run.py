@@ -353,8 +353,11 @@ def test_ctrl_c_prints_the_resume_command_and_resume_counts(tmp_path: Path) -> N
             "--nproc", "2", "--out", str(out), *FAST]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["COMMBENCH_INJECT_FAULT"] = "hang:1:3"  # rank 1 stops after 3 points: Ctrl-C lands mid-run
+    # SIGINT back to its default in the child: a shell that starts the test suite as a background job (`cmd &`
+    # without job control) hands every child SIGINT ignored, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "commbench", *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     journal = out / "rows.jsonl"
     for _ in range(1200):  # until the three points are on disk (bounded: the test's timeout ends it anyway)
         if journal.is_file() and len(journal.read_text().splitlines()) >= 3:
