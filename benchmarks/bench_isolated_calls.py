@@ -32,9 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SIZES = {"64K": 16384, "1M": 262144, "2.56M": 671088}
 
 
-def worker(rank: int, port: int, rounds: int, cores: str | None) -> None:
-    if cores:  # before torch starts any thread, so that gloo's threads inherit the binding
-        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+def worker(rank: int, port: int, rounds: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -85,11 +83,14 @@ def worker(rank: int, port: int, rounds: int, cores: str | None) -> None:
             res[k].append(fns[k]())
     out: list = [None, None]
     dist.all_gather_object(out, res)
+    from commbench.launch import rank_cores
+
     out_cores: list = [None, None]
-    dist.all_gather_object(out_cores, cores)
+    dist.all_gather_object(out_cores, rank_cores())
     if rank == 0:
         base: dict[str, float] = {}
-        print(f"## ranks {'bound to cores ' + ' | '.join(str(c) for c in out_cores) if cores else 'unbound'}")
+        bound = len(set(out_cores)) > 1  # unbound, every rank may run on every core
+        print(f"## ranks {'bound to cores ' + ' | '.join(map(str, out_cores)) if bound else 'unbound'}")
         print(f"{'variant':<28}{'median_ms':>10}{'p10_ms':>8}{'p90_ms':>8}{'/stream':>9}{'>2ms':>7}")
         for k in names:
             m = [min(x, y) for x, y in zip(out[0][k], out[1][k], strict=True)]
@@ -109,12 +110,11 @@ def main() -> None:
                     help="bound: each rank on its own block of cores, as the CLI binds its local ranks")  # fmt: skip
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--cores", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rank is not None:
-        worker(a.rank, a.port, a.rounds, a.cores)
+        worker(a.rank, a.port, a.rounds)
         return
-    from commbench.launch import allowed_cores, core_blocks, free_port
+    from commbench.launch import allowed_cores, bind, core_blocks, free_port
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
@@ -125,11 +125,13 @@ def main() -> None:
             print("## bound: fewer cores than ranks, skipped")
             continue
         port = free_port()
-        procs = [
-            subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--rounds", str(a.rounds),
-                              *(["--cores", ",".join(map(str, sorted(blocks[r])))] if blocks else [])], env=env)  # fmt: skip
-            for r in range(2)
-        ]
+        procs = []
+        for r in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--rank", str(r), "--port", str(port), "--rounds", str(a.rounds)], env=env,
+            ))  # fmt: skip
+            if blocks:  # as the CLI binds a local rank: right after exec, before the worker starts a thread
+                bind(procs[-1].pid, blocks[r])
         rc = max(rc, *(p.wait() for p in procs))
     sys.exit(rc)
 

@@ -191,7 +191,7 @@ def raw_time_us(nbytes: int, reps: int = 15, seconds: float = 3.0) -> float:
     The loop runs at least ``reps`` times and for about ``seconds``, the quick suite's budget per size: sampled over
     0.1 s (15 reps of 20 ops at 8 B) the raw median caught whatever state the machine was in and moved 350-680 us
     between processes while the CLI's, sampled over 3 s, stayed within 550-625 us."""
-    from commbench.launch import allowed_cores, core_blocks, free_port
+    from commbench.launch import allowed_cores, bind, core_blocks, free_port
 
     forget_loopback_tcp_metrics()
     port = free_port()
@@ -207,7 +207,7 @@ def raw_time_us(nbytes: int, reps: int = 15, seconds: float = 3.0) -> float:
             env=env,
         ))  # fmt: skip
         if blocks:
-            os.sched_setaffinity(procs[-1].pid, blocks[r])
+            bind(procs[-1].pid, blocks[r])
     outs = [p.communicate(timeout=600)[0] for p in procs]
     return float(outs[0].strip()) * 1e6
 

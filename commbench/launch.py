@@ -383,6 +383,16 @@ def core_blocks(cores: Sequence[int], nproc: int) -> list[set[int]] | None:
     return [set(cores[r * per : (r + 1) * per]) for r in range(nproc)]
 
 
+def bind(pid: int, cores: set[int]) -> bool:
+    """Bind process ``pid`` (all the threads it starts later) to ``cores``; False where the system refuses (a
+    sandbox), and the process then runs unbound."""
+    try:
+        os.sched_setaffinity(pid, cores)
+    except OSError:
+        return False
+    return True
+
+
 def describe_cores(cores: Sequence[int] | set[int]) -> str:
     """``0-3,8`` for cores {0, 1, 2, 3, 8}: the cpulist form of taskset and /sys."""
     from commbench.metadata import int_ranges
@@ -530,12 +540,9 @@ def spawn_local(
             )
             if blocks:
                 # bound before the rank has started a thread (Popen returns once the child has exec'd), so
-                # every thread it starts (gloo's, torch's) inherits the block; where the system refuses (a
-                # sandbox), the rank runs unbound and its node report says so
-                try:
-                    os.sched_setaffinity(procs[-1].pid, blocks[rank])
-                except OSError:
-                    pass
+                # every thread it starts (gloo's, torch's) inherits the block; where the system refuses, the rank
+                # runs unbound and its node report says so
+                bind(procs[-1].pid, blocks[rank])
         listener.close()  # rank 0 owns it now
         try:
             _supervise(procs, timeout_s, grace_s)
