@@ -5,7 +5,7 @@ the encoded chunks with one primitive collective per buffer, and decodes (in fp3
 
 - all_gather: encode the rank's tensor into one chunk; all_gather the chunks; decode each source's chunk.
 - reduce_scatter (ZeRO++ qgZ): encode the n per-destination chunks; all_to_all; decode the n received chunks
-  and **sum in float32** (source order 0..n-1 on every rank, so the sum is deterministic): one encoding, no
+  and **sum in float32** (deterministic: the CPU kernel adds in source order 0..n-1, the vectorised path CUDA takes sums over the chunk dimension in one reduction): one encoding, no
   re-encoding along a ring. The local sum is part of decode: it is the codec -> fp32 work.
 - all_reduce: that reduce_scatter, re-encode the owned partial sum, gather it to every rank (the local middle
   step sits between two transfers, so the sweep's ``comm`` phase holds it); decode every gathered chunk. A
@@ -59,6 +59,18 @@ class ChunkWire:
             self.codes_buf = torch.zeros(n * self.code_bytes, dtype=torch.uint8, device=device)
             self.scales_buf = torch.ones(n * self.s_wire, dtype=torch.float32, device=device)
             self._buffers = [self.codes_buf] + ([self.scales_buf] if self.s_wire else [])
+        # [n, code_bytes] code slots and [n, 4 * s_wire] scale bytes of every chunk, as views of the wire: the
+        # codec's batched methods encode and decode all chunks through them at once
+        if packed:
+            rows = self.wire.view(n, self.stride)
+            self.code_rows = rows[:, : self.code_bytes]
+            self.scale_rows = rows[:, self.code_bytes :] if self.s_wire else None
+        else:
+            self.code_rows = self.codes_buf.view(n, self.code_bytes)
+            self.scale_rows = self.scales_buf.view(n, self.s_wire).view(torch.uint8) if self.s_wire else None
+        self.workspace: dict[str, torch.Tensor] = {}
+        """Codec scratch owned by this wire (one op uses a wire at a time; nothing is shared across wires, so
+        ops on different streams never share a buffer)."""
 
     @staticmethod
     def nbytes(codec: Codec, n: int, m: int, packed: bool) -> dict[torch.dtype, int]:
@@ -85,7 +97,10 @@ class ChunkWire:
     def received(self) -> list[ReceivedChunk]:
         """Every chunk's code and travelling-scale bytes (views into the wire)."""
         return [
-            ReceivedChunk(self.codes(i), max(1, self.code_bytes // max(self.m, 1)), self._scale_slot(i) if self.s_wire else None) for i in range(self.n)
+            ReceivedChunk(
+                self.codes(i), max(1, self.code_bytes // max(self.m, 1)), self._scale_slot(i) if self.s_wire else None
+            )
+            for i in range(self.n)
         ]
 
     def _scale_slot(self, i: int) -> torch.Tensor:
@@ -94,6 +109,21 @@ class ChunkWire:
             start = i * self.stride + self.code_bytes
             return self.wire[start : start + 4 * self.s_wire]
         return self.scales_buf[i * self.s_wire : (i + 1) * self.s_wire].view(torch.uint8)
+
+    def encode_chunks(self, x: torch.Tensor) -> None:
+        """Encode ``x`` (contiguous, ``k * m`` elements, ``k <= n``) into chunks 0..k-1 with one batched codec call."""
+        k = x.numel() // self.m if self.m else self.n
+        rows = x.view(k, self.m)
+        sr = self.scale_rows[:k] if self.scale_rows is not None else None
+        self.codec.encode_chunks(rows, self.code_rows[:k], self.scales[:k], sr, workspace=self.workspace)
+
+    def decode_chunks(self, out: torch.Tensor, reduce: bool = False) -> None:
+        """Decode every chunk into ``out`` (``n * m`` elements, chunk r at slice r), or with ``reduce`` their
+        float32 sum (deterministic, see ``fp8.sum_chunks``) into ``out`` (``m`` elements)."""
+        target = out if reduce else out.view(self.n, self.m)
+        self.codec.decode_chunks(
+            self.code_rows, self.scales, self.scale_rows, target, reduce=reduce, workspace=self.workspace
+        )
 
     def encode(self, i: int, x: torch.Tensor) -> None:
         self.codec.encode(x, self.codes(i), self.scales[i])
@@ -108,16 +138,17 @@ class ChunkWire:
     def replicate_first(self) -> None:
         """Copy chunk 0 into every other slot (a gather done as an all_to_all sends each rank the same chunk)."""
         for buf in self._buffers:
-            c = buf.numel() // self.n
-            for i in range(1, self.n):
-                buf[i * c : (i + 1) * c].copy_(buf[:c])
+            rows = buf.view(self.n, buf.numel() // self.n)
+            rows[1:].copy_(rows[:1].expand(self.n - 1, rows.shape[1]))  # one copy per buffer
 
 
 def exchange(
     collective: Collective, send: ChunkWire, recv: ChunkWire, group: dist.ProcessGroup | None, async_op: bool
 ) -> list[Any]:
     """Move every buffer of ``send`` into ``recv`` with ``collective``; the ``Work`` handles when async."""
-    works = [collective.run(s, r, group, async_op=async_op) for s, r in zip(send.buffers(), recv.buffers(), strict=True)]
+    works = [
+        collective.run(s, r, group, async_op=async_op) for s, r in zip(send.buffers(), recv.buffers(), strict=True)
+    ]
     return [w for w in works if w is not None]
 
 
@@ -147,8 +178,7 @@ class _ChunkedOp:
         self.x.copy_(x)
 
     def decode(self) -> None:
-        for r in range(self.n):
-            self.recv.decode(r, self.y[r * self.m : (r + 1) * self.m])
+        self.recv.decode_chunks(self.y)
 
     def result(self) -> torch.Tensor:
         return self.y
@@ -167,7 +197,7 @@ class ChunkedAllGather(_ChunkedOp):
         self.wire_bytes = self.recv.total_bytes()
 
     def encode(self) -> None:
-        self.send.encode(0, self.x)
+        self.send.encode_chunks(self.x)
 
     def comm(self) -> None:
         exchange(_ALL_GATHER, self.send, self.recv, self.group, async_op=False)
@@ -188,8 +218,7 @@ class ChunkedAllToAll(_ChunkedOp):
         self.wire_bytes = self.send.total_bytes()
 
     def encode(self) -> None:
-        for i in range(self.n):
-            self.send.encode(i, self.x[i * self.m : (i + 1) * self.m])
+        self.send.encode_chunks(self.x)
 
     def exchange(self, async_op: bool = False) -> list[Any]:
         return exchange(_ALL_TO_ALL, self.send, self.recv, self.group, async_op)
@@ -206,9 +235,8 @@ class ChunkedReduceScatter(ChunkedAllToAll):
         self.y = torch.empty(self.m, dtype=torch.float32, device=device)
 
     def reduce(self) -> None:
-        """Decode the n received chunks and sum them in float32, source order 0..n-1."""
-        for r in range(self.n):
-            self.recv.decode(r, self.y, accumulate=r > 0)
+        """Decode the n received chunks and sum them in float32 (deterministically)."""
+        self.recv.decode_chunks(self.y, reduce=True)
 
     def decode(self) -> None:
         self.reduce()
@@ -263,7 +291,7 @@ class ChunkedAllReduce(ChunkedReduceScatter):
     def reencode(self) -> None:
         """The middle step: fp32 sum of the owned chunk, re-encoded for the gather."""
         self.reduce()
-        self.gsend.encode(0, self.acc)
+        self.gsend.encode_chunks(self.acc)
         if self.gather_by_a2a:
             self.gsend.replicate_first()
 
@@ -276,8 +304,7 @@ class ChunkedAllReduce(ChunkedReduceScatter):
         self.gather()
 
     def decode(self) -> None:
-        for r in range(self.n):
-            self.grecv.decode(r, self.out[r * self.m : (r + 1) * self.m])
+        self.grecv.decode_chunks(self.out)
 
     def received(self) -> list[ReceivedChunk]:
         """The gathered partial sums (the last stage's received chunks)."""

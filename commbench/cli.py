@@ -14,6 +14,7 @@ from typing import Any
 from commbench import __version__
 from commbench.config import (
     BACKENDS,
+    DEVICE_TIMERS,
     PAYLOADS,
     SIZE_HELP,
     TIMING_MODES,
@@ -27,6 +28,13 @@ from commbench.config import (
 )
 
 DEFAULT_SUITE = "quick"
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+"""torch's own collective timeout (``launch.DEFAULT_COLLECTIVE_TIMEOUT_S``, which the ranks use), written out so that
+``--help`` needs no torch import; ``tests/test_launch_device.py`` checks the two agree."""
+
+DEFAULT_EXIT_GRACE_S = 5.0
+"""Seconds a local spawn's supervisor lets the other ranks end on their own after one died (``launch.spawn_local``)."""
 
 
 class CLIError(ValueError):
@@ -132,7 +140,27 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", dest="check", action="store_true", default=None, help=f"count wrong elements {dflt('check')}")
     r.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness pass")
     r.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run, skipping finished points (default: a new run)")
-    r.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds before a silent rank ends the run (default: 60)")
+    r.add_argument(
+        "--timeout", "--collective-timeout", dest="timeout", type=_positive_float, metavar="S",
+        help="collective timeout: seconds a rank waits for its peers in one collective (and at the rendezvous) "
+        "before it gives up, the process group's timeout (NCCL's watchdog); a hung rank is named when it expires "
+        f"(default: torch's, {DEFAULT_COLLECTIVE_TIMEOUT_S:g})",
+    )  # fmt: skip
+    r.add_argument(
+        "--exit-grace", type=_positive_float, default=DEFAULT_EXIT_GRACE_S, metavar="S",
+        help="local spawn: a rank that dies is seen at once; seconds the other ranks then get to end on their own "
+        f"(their last lines name the cause) before they are stopped (default: {DEFAULT_EXIT_GRACE_S:g})",
+    )  # fmt: skip
+    r.add_argument(
+        "--device-timer", choices=DEVICE_TIMERS,
+        help="how a sample's k ops are timed on a GPU: host (host clock around the ops and one synchronize, as "
+        "nccl-tests) or events (CUDA events on the current stream; CUDA only) " + dflt("timing.device_timer"),
+    )  # fmt: skip
+    r.add_argument(
+        "--nccl-debug", action="store_true",
+        help="log NCCL's choices at init (NCCL_DEBUG=INFO, subsystems INIT,NET) to <run dir>/logs/nccl.<host>.rank<r>.log "
+        "and show each rank's transport (NVLS, P2P, SHM, IB, Socket) in the report's Nodes table (default: off)",
+    )  # fmt: skip
     r.add_argument("--warmup", type=_positive_int, help=f"untimed calls per phase before calibration {dflt('timing.warmup')}")
     r.add_argument("--min-time", type=_positive_float, help=f"minimum seconds per sample (calibrates k) {dflt('timing.min_time_s')}")
     r.add_argument("--min-iters", type=_positive_int, help=f"minimum back-to-back ops per sample (nccl-tests' -n) {dflt('timing.min_iters')}")
@@ -257,7 +285,7 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
     flags = (
         ("warmup", args.warmup), ("min_time_s", args.min_time), ("min_iters", args.min_iters), ("repeats", args.repeats),
         ("target_ci", args.target_ci), ("budget_s", args.max_time), ("passes", args.passes),
-        ("mode", args.timing_mode), ("gap_s", args.gap),
+        ("mode", args.timing_mode), ("gap_s", args.gap), ("device_timer", args.device_timer),
     )  # fmt: skip
     timing = {k: v for k, v in flags if v is not None}
     if args.no_training and suite.training is not None:
@@ -306,8 +334,14 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     if meta is not None and requested == "auto" and isinstance(meta.get("backend"), str):
         requested = meta["backend"]
     backend = resolve_backend(requested, 0, nproc)
-    memory_check(suite, nproc, backend, nproc, _local_device(backend))
+    if suite.timing.device_timer == "events" and backend != "nccl":
+        raise CLIError(f"--device-timer events needs CUDA devices: this run would use {backend} on the CPU; use --device-timer host")
+    # the supervisor never touches CUDA: free device memory comes from NVML (None without it: the check is skipped)
+    memory_check(suite, nproc, backend, nproc, device_free=supervisor_free_memory(backend))
     child_argv = list(argv)
+    if args.backend == "auto" and meta is None:
+        # every rank of a local spawn sees the same GPUs, so the supervisor's decision is theirs: say it
+        child_argv += ["--backend", backend]
     if meta is not None:
         if meta.get("world_size") != nproc or meta.get("backend") != backend:
             raise CLIError(
@@ -330,7 +364,9 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
             child_argv += ["--out", str(out)]
     os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed, not our re-exec
     try:
-        spawn_local(child_argv + ["--no-report"], nproc, timeout_s=args.timeout, log_dir=out / LOGS_DIR)
+        spawn_local(
+            child_argv + ["--no-report"], nproc, timeout_s=args.timeout, grace_s=args.exit_grace, log_dir=out / LOGS_DIR
+        )
     except KeyboardInterrupt:
         print(f"\ncommbench: interrupted; {resume_hint(args, out)}", file=sys.stderr)
         return 130
@@ -346,13 +382,22 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def _local_device(backend: str) -> Any:
-    """The device rank 0 of a local spawn will use (for the memory estimate)."""
+def supervisor_free_memory(backend: str) -> int | None:
+    """Free bytes on the visible GPU with least, for the memory estimate of a local NCCL spawn, read through NVML
+    (never a CUDA context in the supervisor); None for gloo, or without NVML (the device check is then skipped,
+    with a note)."""
     if backend != "nccl":
         return None
-    import torch
+    from commbench import nvml
 
-    return torch.device("cuda", 0)
+    free = nvml.min_free_bytes()
+    if free is None:
+        print(
+            f"commbench: note: device memory not checked before the start ({nvml.INSTALL_HINT} lets the supervisor "
+            "read it without a CUDA context); rank 0 checks its own GPU once started",
+            file=sys.stderr,
+        )
+    return free
 
 
 def resume_hint(args: argparse.Namespace, out: Path) -> str:
@@ -367,8 +412,12 @@ def resume_hint(args: argparse.Namespace, out: Path) -> str:
         cmd += ["--nproc", str(args.nproc)]
     if args.backend != "auto":
         cmd += ["--backend", args.backend]
-    if args.timeout != 60.0:
+    if args.timeout is not None:
         cmd += ["--timeout", f"{args.timeout:g}"]
+    if args.exit_grace != DEFAULT_EXIT_GRACE_S:
+        cmd += ["--exit-grace", f"{args.exit_grace:g}"]
+    if args.nccl_debug:
+        cmd += ["--nccl-debug"]
     cmd += [flag for flag, on in (("--no-training", args.no_training), ("--no-report", args.no_report),
                                   ("--quiet", args.quiet)) if on]  # fmt: skip
     return "finished points are kept; continue with: " + " ".join(shlex.quote(c) for c in cmd)

@@ -55,6 +55,51 @@ class Codec(ABC):
     def decode(self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
         """``out = decoded`` (float32), or ``out += decoded`` with ``accumulate`` (the fp32 sum of sources)."""
 
+    def encode_chunks(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        wire_scales: torch.Tensor | None,
+        *,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Encode ``k`` chunks at once: ``x`` ``[k, m]`` float32, ``codes`` ``[k, code_bytes(m)]`` uint8 (each
+        row contiguous; the row stride is the wire's), ``scales`` the ``[k, num_scales(m)]`` float32 home,
+        ``wire_scales`` ``[k, 4 * scale_count(m)]`` uint8 where the travelling scales go (little-endian float32
+        bytes, possibly misaligned), None when none travel. ``workspace`` is scratch owned by the caller (the
+        wire), which a codec may keep buffers in.
+
+        This default loops over :meth:`encode` (so a codec that defines only the per-chunk methods works
+        unchanged); a codec meant for GPUs overrides it with a few ops whatever ``k`` (see ``Fp8Codec``)."""
+        import torch
+
+        for i in range(x.shape[0]):
+            self.encode(x[i], codes[i], scales[i])
+        if wire_scales is not None and x.shape[0]:
+            wire_scales.copy_(scales[:, : wire_scales.shape[1] // 4].view(torch.uint8))
+
+    def decode_chunks(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        wire_scales: torch.Tensor | None,
+        out: torch.Tensor,
+        *,
+        reduce: bool = False,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Decode ``k`` chunks (arguments as :meth:`encode_chunks`; the scales are read from ``wire_scales``
+        when they travel): into ``out`` ``[k, m]``, or with ``reduce`` the float32 sum of the k decoded chunks,
+        source order 0..k-1, into ``out`` ``[m]``. The default loops over :meth:`decode` (``accumulate`` for
+        chunks after the first)."""
+        import torch
+
+        if wire_scales is not None and codes.shape[0]:
+            scales[:, : wire_scales.shape[1] // 4].view(torch.uint8).copy_(wire_scales)
+        for i in range(codes.shape[0]):
+            self.decode(codes[i], scales[i], out if reduce else out[i], accumulate=reduce and i > 0)
+
     @abstractmethod
     def error_bound(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor | float:
         """Per-element bound on ``|decoded - exact|`` for a result summing ``contributions`` encoded terms whose

@@ -135,6 +135,8 @@ def size_grid(min_bytes: int, max_bytes: int, factor: int = 2, step: int = 0) ->
 
 
 TIMING_MODES = ("stream", "isolated")
+DEVICE_TIMERS = ("host", "events")
+"""How a sample's ops are timed on a GPU (``timing.device_timer``; ``commbench.timing`` documents both protocols)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -167,6 +169,11 @@ class TimingConfig:
         "least for the others)", accepts=lambda v: v in TIMING_MODES, expect=" or ".join(repr(m) for m in TIMING_MODES),
     )  # fmt: skip
     gap_s: float = positive(0.02, "isolated mode: seconds of compute (small matmuls) between the barrier and the op")
+    device_timer: str = setting(
+        "host", "how a sample's ops are timed: 'host' (host clock around the k ops and one device synchronize, as "
+        "nccl-tests' BenchTime) or 'events' (CUDA events recorded on the current stream before and after them; CUDA "
+        "only)", accepts=lambda v: v in DEVICE_TIMERS, expect=" or ".join(repr(m) for m in DEVICE_TIMERS),
+    )  # fmt: skip
     # A shared machine drifts over seconds to minutes: sampled in one stretch, a point caught in a slow spell is
     # slow in every round and its interval (of the samples it has) does not show it, so two identical runs
     # "differ" there (issue 9: one A/A pair flagged 10 of 77 ratios, a whole block of one run slower).
@@ -250,7 +257,7 @@ class SuiteConfig:
 _SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "timing", "training"}
 _TIMING_KEYS = {
     "warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters", "passes", "mode",
-    "gap_s",
+    "gap_s", "device_timer",
 }
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "print_resume",
     "print_skipped",
     "print_stragglers",
+    "print_unavailable",
     "report_progress",
     "training_line",
 ]
@@ -101,6 +102,14 @@ def print_skipped(pairs: Iterable[tuple[str, str]], backend: str, groups: Iterab
         print(f"# skipped {c} x {p}: not supported on backend {backend}")
     for g, why in groups:
         print(f"# skipped group {g}: {why}")
+
+
+def print_unavailable(entry: Mapping[str, str]) -> None:
+    """A precision refused at run time (its probe failed on some rank): skipped everywhere, said once."""
+    group = entry.get("group", "world")
+    where = entry["collective"] if group in ("world", "") else f"{entry['collective']} [{group}]"
+    for line in comment(f"skipped {where} x {entry['precision']}: {entry['reason']}"):
+        print(line, flush=True)
 
 
 def print_noise_warning(df: Any) -> None:

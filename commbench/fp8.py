@@ -53,7 +53,6 @@ bit-exact against torch's casts (and against each other on random bit patterns).
 from __future__ import annotations
 
 import math
-import threading
 from abc import ABC
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -296,65 +295,58 @@ def error_bound(
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Workspaces: the pure-torch path needs float32/int32 scratch the size of the tensor; allocating it on every
-# call would dominate small messages, so each thread keeps one growing buffer per kind (threads: DDP hooks).
+# Constants of the vectorised torch path: read-only tables built once per (format, device), never scratch, so
+# ops on different streams can share them. A blocking host-to-device copy has completed when it returns, so
+# a table is ready on every stream once built.
 
-_local = threading.local()
+_TABLES: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+_FLT_MAX = 3.4028234663852886e38
 
 
-def _workspace(kind: str, numel: int, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:
+def _scale_table(f: Fp8Format, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(bounds, lut)`` of :func:`pow2_scales` as a bucket lookup: ``lut[bucketize(amax, bounds)]`` is the scale.
+
+    ``bounds = [0, max * 2**-126, max * 2**-125, ...]`` (every finite one; each exact in float32) and
+    ``bucketize`` (``bounds[i-1] < amax <= bounds[i]``) gives bucket 0 for amax 0 (scale 1) and bucket
+    ``i = k + 127`` for ``max * 2**(k-1) < amax <= max * 2**k``, which is the smallest k with
+    ``amax / 2**k <= max``; bucket 1 holds everything up to ``max * 2**-126`` (k clamped to -126). The
+    largest finite amax lands in the last bucket, far below the k = 127 clamp. Comparisons only: exact."""
     import torch
 
-    cache: dict[tuple[str, torch.device], torch.Tensor] = _local.__dict__.setdefault("ws", {})
-    buf = cache.get((kind, device))
-    if buf is None or buf.numel() < numel:
-        buf = (torch.zeros if zero else torch.empty)(max(numel, 1024), dtype=dtype, device=device)
-        cache[(kind, device)] = buf
-    return buf[:numel]
+    key = (f.name, device)
+    got = _TABLES.get(key)
+    if got is None:
+        bounds = [0.0] + [f.max * 2.0**k for k in range(_K_MIN, _K_MAX + 1) if f.max * 2.0**k <= _FLT_MAX]
+        lut = [1.0] + [2.0 ** min(i - 127, _K_MAX) for i in range(1, len(bounds) + 1)]
+        got = (
+            torch.tensor(bounds, dtype=torch.float32).to(device),
+            torch.tensor(lut, dtype=torch.float32).to(device),
+        )
+        _TABLES[key] = got
+    return got
 
 
-_LUT_CACHE: dict[tuple[str, torch.device], torch.Tensor] = {}
-
-
-def _lut(fmt: str, device: torch.device) -> torch.Tensor:
-    """The 256 float32 values of the format's codes, from torch's own cast (NaN codes decode to NaN)."""
+def _f32_view(b: torch.Tensor | None) -> torch.Tensor | None:
+    """Scale bytes ``[k, 4 s]`` (little-endian float32 on the wire) as a float32 ``[k, s]`` view, or None where
+    they are not 4-byte aligned (the packed layout when a chunk's code bytes are not a multiple of 4)."""
     import torch
 
-    key = (fmt, device)
-    lut = _LUT_CACHE.get(key)
-    if lut is None:
-        codes = torch.arange(256, dtype=torch.uint8, device=device)
-        lut = codes.view(FORMATS[fmt].dtype).to(torch.float32)
-        _LUT_CACHE[key] = lut
-    return lut
+    if b is None or b.dim() != 2 or b.stride(1) != 1 or b.shape[1] % 4 or b.storage_offset() % 4:
+        return None
+    if b.shape[0] > 1 and b.stride(0) % 4:
+        return None
+    return b.view(torch.float32)
+
+
+def vectorised(device: torch.device) -> bool:
+    """THE choice of codec path: True where the pure-torch path runs (every CUDA tensor; CPU without the C
+    kernel), False where the fused C kernel does. Every function here asks this and nothing else."""
+    return not _kernel.available(device)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Scales
-
-
-def _row_amax(rows: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """max |x| per row over the finite values (0 when a row has none).
-
-    Non-finite values are zeroed into ``scratch`` first, unconditionally: testing whether any exist would read
-    a flag back to the host, a device synchronisation inside the timed encode on a GPU."""
-    import torch
-
-    clean = scratch.view_as(rows)
-    torch.nan_to_num(rows, nan=0.0, posinf=0.0, neginf=0.0, out=clean)
-    # amax/amin along a dim are vectorised reductions; abs() would materialise another full-size temporary.
-    return torch.maximum(clean.amax(dim=1), clean.amin(dim=1).neg())
-
-
-def _inf_to_nan(t: torch.Tensor, scratch: torch.Tensor) -> None:
-    """``t``'s infinities become NaN of the same sign, in place, finite values and NaNs unchanged, without
-    a data-dependent branch: ``t - t`` is 0 for finite values and NaN otherwise, ``copysign`` keeps the sign.
-    (e4m3 has no inf, and torch's e4m3fn cast would saturate inf to 448: silently finite.)"""
-    import torch
-
-    torch.sub(t, t, out=scratch)
-    scratch.add_(t)
-    torch.copysign(scratch, t, out=t)
 
 
 def pow2_scales(amax: torch.Tensor, f: Fp8Format) -> torch.Tensor:
@@ -411,33 +403,124 @@ def quantize(
     if n == 0:
         scales.fill_(1.0)
         return q, scales
-    if _kernel.available(x.device):
+    if not vectorised(x.device):
         _kernel.quantize(x, q, scales, f.kernel_code, sc.kernel_mode, sc.run_length(n))
         return q, scales
-
-    # No host synchronisation below (no data-dependent branch): on a GPU this runs inside timed phases.
-    tmp = _workspace("f32", n, torch.float32, x.device)
-    spare = _workspace("f32b", n, torch.float32, x.device)
     if not sc.scaled:
         scales.fill_(1.0)
-        # Saturate finite values; clamp would make inf finite, so infinities are put back.
-        torch.clamp(x, -f.max, f.max, out=tmp)
-        torch.where(torch.isinf(x), x, tmp, out=tmp)
-    else:
-        for rows, sl in sc.rows(x):
-            scales[sl].copy_(pow2_scales(_row_amax(rows, spare[: rows.numel()]), f))
-        for rows, sl in sc.rows(x):
-            off = _offset(rows, x)
-            torch.mul(rows, scales[sl].reciprocal().unsqueeze(1), out=tmp[off : off + rows.numel()].view_as(rows))
-    if not f.has_inf:
-        _inf_to_nan(tmp, spare)
-    # NaN (either sign) casts to the format's NaN code with its sign; e5m2 keeps +-inf as +-inf.
-    q.view(f.dtype).copy_(tmp)
+    # one chunk of n elements: the batched path, its scales written straight into `scales`
+    _encode_rows(x.view(1, n), q.view(1, n), f, sc, scales.view(1, ns) if sc.scaled else None, None, None)
     return q, scales
 
 
-def _offset(view: torch.Tensor, base: torch.Tensor) -> int:
-    return int(view.storage_offset()) - int(base.storage_offset())
+def quantize_chunks(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    wire_scales: torch.Tensor | None,
+    fmt: str,
+    scaling: str,
+    block: int = 128,
+    *,
+    workspace: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Quantise ``k`` chunks at once: ``x`` is ``[k, m]`` float32 (rows contiguous), ``codes`` ``[k, m]`` uint8
+    (rows contiguous, any row stride: a wire's code slots), ``scales`` the ``[k, num_scales(m)]`` float32 home,
+    ``wire_scales`` ``[k, 4 * wire_scale_count(m)]`` uint8 where the travelling scales go (None when none
+    travel). Each chunk is quantised exactly as :func:`quantize` would quantise it alone.
+
+    On the torch path (:func:`vectorised`) this is a fixed handful of device ops whatever ``k``, ``m`` and the
+    block size (no per-chunk or per-block loop); where the scale bytes are float-aligned they are written in
+    place and ``scales`` is left as it was. ``workspace`` is scratch the caller owns (a
+    :class:`~commbench.chunked.ChunkWire`'s): it keeps a zero-padded buffer when blocks do not divide ``m``."""
+    import torch
+
+    f = get_format(fmt)
+    sc = get_scaling(scaling, block)
+    k, m = x.shape
+    if not vectorised(x.device):
+        for i in range(k):
+            quantize(x[i], fmt, scaling, block, out=(codes[i], scales[i]))
+        if wire_scales is not None and k:
+            wire_scales.copy_(scales[:, : wire_scales.shape[1] // 4].view(torch.uint8))
+        return
+    if m == 0 or k == 0:
+        if wire_scales is not None and wire_scales.numel():  # tensor scaling of nothing: scale 1, as quantize()
+            one = torch.ones(wire_scales.shape[1] // 4, dtype=torch.float32, device=x.device)
+            wire_scales.copy_(one.view(torch.uint8).expand_as(wire_scales))
+        return
+    _encode_rows(x, codes, f, sc, None, wire_scales, workspace)
+
+
+def _encode_rows(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    f: Fp8Format,
+    sc: Scaling,
+    dest: torch.Tensor | None,
+    wire_scales: torch.Tensor | None,
+    workspace: dict[str, torch.Tensor] | None,
+) -> None:
+    """The vectorised encode of ``[k, m]`` rows (the path CUDA takes). Scales go to ``dest`` (float32
+    ``[k, s]``) or, when None, to ``wire_scales`` (bytes; viewed as float32 where aligned).
+
+    Dispatched ops (views not counted), whatever k, m and block: ``none`` clamp, isinf, where, cast (+1 for
+    e4m3); scaled 4 for the scales (nan_to_num, an inf-norm reduction = the finite amax per block,
+    bucketize, one table lookup) + 1 (e4m3: 2) for the codes (one division whose output is the fp8 cast),
+    + 1 when the scales cannot be written where they go in that lookup (misaligned wire bytes, or blocks
+    that do not divide m: then the lookup yields a per-element scale tensor and the block scales are copied
+    out of it). No host synchronisation: nothing reads a device value back."""
+    import torch
+
+    k, m = x.shape
+    cf = codes.view(f.dtype)
+    nan = math.nan
+    if not sc.scaled:
+        # saturate finite values; clamp would make inf finite, so infinities are put back (e4m3: as NaN)
+        sat = torch.clamp(x, -f.max, f.max)
+        src = x if f.has_inf else torch.nan_to_num(x, nan=nan, posinf=nan, neginf=-nan)
+        cf.copy_(torch.where(torch.isinf(x), src, sat))
+        return
+    run = sc.run_length(m)
+    nb = -(-m // run)
+    pad = nb * run - m
+    bounds, lut = _scale_table(f, x.device)
+    if pad:
+        # blocks do not divide m: the finite values go into a zero-padded [k, nb, run] buffer the caller owns
+        # (the pad is written once, at allocation, and never again), so one reduction covers every block
+        ws = workspace if workspace is not None else {}
+        key = f"fp8_pad:{k}x{nb * run}"
+        tp = ws.get(key)
+        if tp is None or tp.device != x.device:
+            tp = ws[key] = torch.zeros(k, nb * run, dtype=torch.float32, device=x.device)
+        torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0, out=tp[:, :m])
+        finite = tp.view(k, nb, run)
+    else:
+        finite = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0).view(k, nb, run)
+    # max |x| over each block's finite values, then THE scale rule (pow2_scales) as a bucket lookup
+    amax = torch.linalg.vector_norm(finite, ord=math.inf, dim=2)
+    bucket = torch.bucketize(amax, bounds)
+    # e4m3 has no inf: torch's cast saturates it to 448 (silently finite), so +-inf become +-NaN first. A NaN
+    # input keeps its sign on e5m2 (CPU); on e4m3 it becomes the positive NaN (one op instead of three).
+    src = x if f.has_inf else torch.nan_to_num(x, nan=nan, posinf=nan, neginf=-nan)
+    out_f32 = dest if dest is not None else _f32_view(wire_scales)
+    if pad:
+        per_elem = torch.take(lut, bucket.unsqueeze(2).expand(k, nb, run))
+        torch.div(src, per_elem.view(k, nb * run)[:, :m], out=cf)
+        first = per_elem[:, :, :1]  # [k, nb, 1]: each block's scale
+        if out_f32 is not None:
+            out_f32.view(k, nb, 1).copy_(first)
+        elif wire_scales is not None:
+            wire_scales.view(k, nb, 4).copy_(first.view(torch.uint8))
+        return
+    if out_f32 is None:
+        out_f32 = torch.take(lut, bucket)
+        if wire_scales is not None:
+            wire_scales.copy_(out_f32.view(torch.uint8))
+    else:
+        torch.take(lut, bucket, out=out_f32)
+    # x / 2**k is exact (or the one rounding of a float32 subnormal), the same bits as x * 2**-k
+    torch.div(src.view(k, nb, run), out_f32.unsqueeze(2), out=cf.view(k, nb, run))
 
 
 def dequantize(
@@ -475,24 +558,130 @@ def dequantize(
             raise ValueError(f"out must have {n} elements, got {out.numel()}")
     if n == 0:
         return out
-    if _kernel.available(q.device):
+    if not vectorised(q.device):
         _kernel.dequantize(q, scales, out, f.kernel_code, sc.run_length(n), accumulate)
         return out
-
-    dst = _workspace("f32dec", n, torch.float32, q.device) if accumulate else out
-    if f.has_inf:
-        # e5m2 -> float32 is a vectorised cast in torch; e4m3's is not (about 20x slower), hence the table.
-        dst.copy_(q.view(f.dtype))
-    else:
-        idx = _workspace("idx", n, torch.int32, q.device, zero=True)
-        # Writing only the low byte of each (zero-initialised, never otherwise written) int32 turns the codes
-        # into table indices without torch's slow uint8 -> int32 conversion.
-        idx.view(torch.uint8)[0::4].copy_(q)
-        torch.index_select(_lut(fmt, q.device), 0, idx, out=dst)
-    sc.apply(dst, scales)
     if accumulate:
-        out.add_(dst)
+        out.add_(_decode_rows(q.view(1, n), None, scales.view(1, ns), f, sc, reduce=False).view(n))
+    else:
+        _decode_rows(q.view(1, n), out.view(1, n), scales.view(1, ns), f, sc, reduce=False)
     return out
+
+
+def dequantize_chunks(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    wire_scales: torch.Tensor | None,
+    out: torch.Tensor,
+    fmt: str,
+    scaling: str,
+    block: int = 128,
+    *,
+    reduce: bool = False,
+) -> None:
+    """Decode ``k`` chunks at once (``codes`` ``[k, m]``; scales read from ``wire_scales``, the bytes that
+    travelled, or from the float32 home ``scales`` when None travel): into ``out`` ``[k, m]``, or with
+    ``reduce`` the float32 sum of the k decoded chunks into ``out`` ``[m]``.
+
+    The decode is vectorised over chunks and blocks; the reduction then adds the decoded ``[k, m]`` rows in
+    in one reduction (:func:`sum_chunks`: deterministic, but in the device's association order)."""
+    import torch
+
+    f = get_format(fmt)
+    sc = get_scaling(scaling, block)
+    k, m = codes.shape
+    if not vectorised(codes.device):
+        if wire_scales is not None and k:
+            scales[:, : wire_scales.shape[1] // 4].view(torch.uint8).copy_(wire_scales)
+        for i in range(k):
+            dequantize(
+                codes[i], scales[i], fmt, scaling, block, out=out if reduce else out[i], accumulate=reduce and i > 0
+            )
+        return
+    if m == 0 or k == 0:
+        if reduce and k == 0:
+            out.zero_()
+        return
+    src = _f32_view(wire_scales) if wire_scales is not None else scales
+    if src is None:
+        assert wire_scales is not None
+        src = wire_scales  # misaligned bytes: _decode_rows copies them
+    _decode_rows(codes, out, src, f, sc, reduce=reduce)
+
+
+def _decode_rows(
+    codes: torch.Tensor,
+    out: torch.Tensor | None,
+    scales: torch.Tensor,
+    f: Fp8Format,
+    sc: Scaling,
+    reduce: bool,
+) -> torch.Tensor:
+    """The vectorised decode (the path CUDA takes): a direct fp8 -> float32 cast times the scale, no table.
+    ``scales`` is float32 ``[k, s]``, or uint8 ``[k, 4 s]`` (misaligned wire bytes, copied in the same op
+    that lays them out). Dispatched ops: cast, scale multiply, (+1 when the scale bytes are misaligned; with
+    ``reduce``, +1 for the sum over chunks). torch has no fp8 x float32 promotion, so the cast is its own op."""
+    import torch
+
+    k, m = codes.shape
+    cf = codes.view(f.dtype)
+    if not sc.scaled:
+        if reduce:
+            assert out is not None
+            sum_chunks(cf.to(torch.float32), out)
+            return out
+        if out is None:
+            return cf.to(torch.float32)
+        out.copy_(cf)
+        return out
+    run = sc.run_length(m)
+    nb = -(-m // run)
+    pad = nb * run - m
+    if pad and not reduce and out is not None:
+        # blocks do not divide m: lay each block's scale out per element (one copy, from bytes or floats),
+        # then the cast and the multiply run over plain [k, m] rows
+        per_elem = torch.empty(k, nb, run, dtype=torch.float32, device=codes.device)
+        if scales.dtype == torch.uint8:
+            per_elem.view(torch.uint8).view(k, nb, run, 4).copy_(scales.view(k, nb, 1, 4).expand(k, nb, run, 4))
+        else:
+            per_elem.copy_(scales.view(k, nb, 1).expand(k, nb, run))
+        out.copy_(cf)
+        out.mul_(per_elem.view(k, nb * run)[:, :m])
+        return out
+    if scales.dtype == torch.uint8:
+        s = torch.empty(k, nb, dtype=torch.float32, device=codes.device)
+        s.view(torch.uint8).copy_(scales)
+        scales = s
+    if out is not None and not reduce:
+        o3 = out.view(k, nb, run)
+        o3.copy_(cf.view(k, nb, run))
+        o3.mul_(scales.view(k, nb, 1))
+        return out
+    # a temporary (the caching allocator's, so stream-safe): [k, nb, run], its pad never read out
+    dec = torch.empty(k, nb * run, dtype=torch.float32, device=codes.device)
+    dec[:, :m].copy_(cf)
+    dec.view(k, nb, run).mul_(scales.view(k, nb, 1))
+    rows = dec[:, :m]
+    if not reduce:
+        return rows
+    assert out is not None
+    sum_chunks(rows, out)
+    return out
+
+
+def sum_chunks(rows: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = rows[0] + ... + rows[k-1]`` in float32, as ONE reduction over the chunk dimension, so the op count
+    of a reduce-scatter's decode does not grow with the world size (a Python loop of k adds would be k launches
+    on a GPU: 1,024 at a 1,024-rank world).
+
+    The association order is the device's reduction order (deterministic for a given shape and device: torch's
+    sum uses no atomics), not the C kernel's sequential 0..k-1 order, so a sum of more than two chunks may differ
+    from the CPU kernel in the last bit (and an all -0.0 sum reads +0.0). Both are within the fp32 summation term
+    of :func:`error_bound` (``contributions * 2**-23 * abs_sum`` covers any order), and every rank decodes the
+    same bytes with the same shape, so results stay identical across ranks."""
+    import torch
+
+    torch.sum(rows, dim=0, out=out)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -19,12 +19,15 @@ depends on data it does not receive), and the re-encoded partial sum in all_redu
 with ``m = ceil(N/n)`` (the buffer plus its scales), all_to_all ``n * (m + 4S)`` (the per-rank buffer).
 
 ``impl = "fp8_native"``: separate precisions ``fp8_e4m3_native`` / ``fp8_e5m2_native`` (same options) for
-NCCL's own fp8 reduction (sm90+, NCCL >= 2.24, and torch must accept the dtype: a one-off 8-element probe
-when the first op is built). Encode = local amax, ``all_reduce(MAX)`` so ranks share the scales (a sum of codes
+NCCL's own fp8 reduction (sm90+, NCCL >= 2.24, and torch must accept the dtype: a tiny fp8 all_reduce probes
+it once per dtype and group when the first op is built, on every rank, and the ranks agree on the outcome; a
+failure on any rank raises :class:`~commbench.precision.Unsupported` on all of them and the sweep skips the
+precision with the reason). Encode = local amax, ``all_reduce(MAX)`` so ranks share the scales (a sum of codes
 means nothing otherwise), with n-fold headroom for the sum, then the scaled cast; comm = NCCL's fp8 collective;
 decode = cast back times the scale, with the same power-of-two scale rule as the codec
-(:func:`commbench.fp8.pow2_scales`). Only the collectives that reduce (all_reduce, reduce_scatter); :func:`native_fp8_available`
-detects support and ``supports()`` is False elsewhere, so the sweep skips it cleanly.
+(:func:`commbench.fp8.pow2_scales`). Only the collectives that reduce (all_reduce, reduce_scatter), and only
+on NCCL: ``supports()`` asks :func:`native_fp8_backend` (the same on every rank), the device and torch's real
+answer are the probe's.
 """
 
 from __future__ import annotations
@@ -77,6 +80,31 @@ class Fp8Codec(Codec):
     def decode(self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
         fp8.dequantize(codes, scales, self.fmt, self.scaling.name, self.block, out=out, accumulate=accumulate)
 
+    def encode_chunks(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        wire_scales: torch.Tensor | None,
+        *,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """All chunks in a fixed handful of device ops on the torch path (:func:`commbench.fp8.quantize_chunks`);
+        the C kernel per chunk on CPU."""
+        fp8.quantize_chunks(x, codes, scales, wire_scales, self.fmt, self.scaling.name, self.block, workspace=workspace)
+
+    def decode_chunks(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        wire_scales: torch.Tensor | None,
+        out: torch.Tensor,
+        *,
+        reduce: bool = False,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        fp8.dequantize_chunks(codes, scales, wire_scales, out, self.fmt, self.scaling.name, self.block, reduce=reduce)
+
     def error_bound(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor:
         """Format-derived tolerance (see :func:`commbench.fp8.error_bound`)."""
         import torch
@@ -96,29 +124,44 @@ class Fp8Codec(Codec):
 # Native NCCL fp8
 
 
-def native_fp8_available(backend: str, device: torch.device | None = None) -> bool:
-    """Whether NCCL can reduce fp8 here: backend nccl, a CUDA device of compute capability >= 9.0,
-    NCCL >= 2.24, and torch exposing the fp8 dtypes. Never assumed: False on CPU, gloo, or any doubt."""
+def native_fp8_backend(backend: str) -> bool:
+    """Whether ``backend`` could reduce fp8 at all: nccl, with torch exposing the fp8 dtypes. What every rank
+    of a job sees alike (one torch build, one backend), so the sweep's grid of points agrees across ranks; the
+    device and what torch really does are asked by the agreed probe (:func:`_probe_native`)."""
     import torch
 
-    if backend != "nccl" or not hasattr(torch, "float8_e4m3fn"):
-        return False
+    return backend == "nccl" and hasattr(torch, "float8_e4m3fn")
+
+
+def _static_refusal(backend: str, device: torch.device | None = None) -> str | None:
+    """Why this rank need not even try native fp8 (not nccl, no fp8 dtypes, no CUDA device, compute capability
+    below 9.0), or None. The NCCL version does not decide: torch gates float8 reductions on the NCCL headers it
+    was built with, not on the library it loads, so only the probe tells."""
+    import torch
+
+    if not native_fp8_backend(backend):
+        return f"needs backend nccl and a torch with fp8 dtypes (backend {backend}, torch {torch.__version__})"
     try:
         if not torch.cuda.is_available():
-            return False
+            return "needs a CUDA device (none visible)"
         dev = (
             device
             if device is not None and device.type == "cuda"
             else torch.device("cuda", torch.cuda.current_device())
         )
-        if torch.cuda.get_device_capability(dev) < (9, 0):
-            return False
-        version = torch.cuda.nccl.version()
-    except (RuntimeError, AssertionError, AttributeError):
-        return False
-    if isinstance(version, int):  # older torch: 2.24.3 reported as 22403
-        version = (version // 10000, (version // 100) % 100, version % 100)
-    return tuple(version[:2]) >= (2, 24)
+        cc = torch.cuda.get_device_capability(dev)
+    except (RuntimeError, AssertionError, AttributeError) as e:
+        return f"cannot query the CUDA device ({type(e).__name__}: {e})".splitlines()[0]
+    if cc < (9, 0):
+        return f"needs compute capability >= 9.0 (sm90, Hopper), this GPU is {cc[0]}.{cc[1]}"
+    return None
+
+
+def native_fp8_available(backend: str, device: torch.device | None = None) -> bool:
+    """Whether this rank passes the static checks of native fp8 (backend nccl, fp8 dtypes, a CUDA device of
+    compute capability >= 9.0): worth probing. Never assumed: False on CPU, gloo, or any doubt. Whether torch
+    and NCCL then really reduce fp8 is the probe's answer, agreed across ranks (:func:`_probe_native`)."""
+    return _static_refusal(backend, device) is None
 
 
 def _scale_pieces(start: int, n: int, run: int) -> list[tuple[int, int, int, int]]:
@@ -224,7 +267,8 @@ class _NativeOp:
 
 
 class Fp8NativePrecision(Precision):
-    """NCCL's native fp8 reduction (Hopper, NCCL >= 2.24); skipped wherever it is not detected."""
+    """NCCL's native fp8 reduction (Hopper, NCCL >= 2.24, a torch that allows it); skipped with a note wherever
+    the agreed probe fails on any rank."""
 
     impl = "fp8_native"
     input_dtype_name = "float32"
@@ -236,7 +280,8 @@ class Fp8NativePrecision(Precision):
         self.wire_dtype_name = self.format.dtype_name
 
     def supports(self, collective: Collective, backend: str) -> bool:
-        return collective.reduces and native_fp8_available(backend)
+        # What every rank sees alike; the device and torch's real answer are probed, agreed, at make_op.
+        return collective.reduces and native_fp8_backend(backend)
 
     def error_bound(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
         """Conservative: NCCL rounds every partial sum to fp8 (up to n roundings in all), and the shared scale
@@ -255,31 +300,85 @@ class Fp8NativePrecision(Precision):
     def make_op(
         self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
     ) -> PointOp:
+        """The op, or :class:`~commbench.precision.Unsupported` on every rank of ``group`` when the agreed probe
+        (:func:`_probe_native`) failed on any of them: the sweep then skips this precision with the reason."""
         if not collective.reduces:
             raise ValueError(f"{self.name} supports the reducing collectives only, not {collective.name!r}")
-        _probe_native(self.format.dtype, group, device)
+        refusal = _probe_native(self.format.dtype, group, device)
+        if refusal is not None:
+            from commbench.precision import Unsupported
+
+            raise Unsupported(refusal)
         return _NativeOp(self, collective, layout, group, device)
 
 
-_PROBED: dict[tuple[torch.dtype, int], bool] = {}
+_PROBED: dict[tuple[torch.dtype, int], str | None] = {}
+"""The agreed outcome per (fp8 dtype, process group): None (usable) or why not."""
 
 
-def _probe_native(dtype: torch.dtype, group: dist.ProcessGroup | None, device: torch.device) -> None:
-    """One tiny fp8 all_reduce per (dtype, group): the static checks say NCCL could; this shows torch does.
-    Every rank builds the same point at the same time, so every rank runs the probe together."""
+def _try_native(dtype: torch.dtype, group: dist.ProcessGroup | None, device: torch.device) -> str | None:
+    """This rank's part of the probe: a tiny fp8 all_reduce on ``group``, its result read back (so an error
+    the device reports late surfaces here too) and checked. None when it worked, else what went wrong."""
     import torch
     import torch.distributed as dist
 
+    try:
+        x = torch.zeros(8, dtype=torch.float32, device=device)
+        if dist.get_rank(group) == 0:
+            x[0] = 1.0  # one contribution: the exact sum is 1 in any order of any number of ranks
+        w = x.to(dtype)
+        dist.all_reduce(w, group=group)
+        back = w.to(torch.float32).cpu()
+    except (RuntimeError, TypeError, ValueError) as e:  # DistBackendError is a RuntimeError
+        return f"torch/NCCL refused a {dtype} all_reduce ({type(e).__name__}: {e})".splitlines()[0]
+    if back[0].item() != 1.0 or bool(back[1:].any()):
+        return f"a {dtype} all_reduce of 1 + 0 + ... gave {back.tolist()}"
+    return None
+
+
+def _agree(ok: bool, group: dist.ProcessGroup | None, device: torch.device) -> bool:
+    """True when ``ok`` holds on every rank of ``group`` (all_reduce MIN of a 0/1 flag in int32)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def _refusals(mine: str | None, group: dist.ProcessGroup | None) -> str:
+    """One line naming the ranks that refused and the first one's reason (every rank calls it together)."""
+    import torch.distributed as dist
+
+    said: list[tuple[int, str | None] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(said, (dist.get_rank(), mine), group=group)
+    bad = [(r, why) for r, why in (x for x in said if x is not None) if why is not None]
+    ranks = ", ".join(str(r) for r, _ in bad)
+    return f"rank(s) {ranks}: {bad[0][1]}" if bad else "refused on another rank"
+
+
+def _probe_native(dtype: torch.dtype, group: dist.ProcessGroup | None, device: torch.device) -> str | None:
+    """Whether native fp8 sums of ``dtype`` work on ``group``: None, or why not; decided once per (dtype,
+    group), by every rank of it, with the same answer on all of them (any rank failing fails them all), so a
+    refusal skips the precision everywhere instead of raising on one rank and leaving its peers in a collective.
+
+    Two agreed steps: the static checks (:func:`_static_refusal`), so every rank enters the fp8 all_reduce or
+    none does; then the fp8 all_reduce itself (:func:`_try_native`). Every rank builds the same point at the
+    same time (the sweep's order), so every rank of the group runs the probe together. A torch that refuses
+    the dtype does so before enqueuing anything, alike on every rank of one build."""
+    import torch.distributed as dist
+
     key = (dtype, id(group))
-    if key not in _PROBED:
-        try:
-            dist.all_reduce(torch.zeros(8, dtype=dtype, device=device), group=group)
-            _PROBED[key] = True
-        except (RuntimeError, TypeError, ValueError) as e:
-            _PROBED[key] = False
-            raise RuntimeError(f"native fp8 all_reduce ({dtype}) was detected but torch/NCCL refused it: {e}") from e
-    elif not _PROBED[key]:
-        raise RuntimeError(f"native fp8 all_reduce ({dtype}) is not usable on this group")
+    if key in _PROBED:
+        return _PROBED[key]
+    why = _static_refusal(dist.get_backend(group), device)
+    if _agree(why is None, group, device):
+        why = _try_native(dtype, group, device)
+        verdict = None if _agree(why is None, group, device) else _refusals(why, group)
+    else:
+        verdict = _refusals(why, group)
+    _PROBED[key] = None if verdict is None else f"native fp8 all_reduce ({dtype}) not usable: {verdict}"
+    return _PROBED[key]
 
 
 def _register() -> None:

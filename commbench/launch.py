@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import json
 import logging
 import os
 import re
@@ -116,7 +117,17 @@ def detect_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
 
 
 def has_gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """GPUs this process would see, counted without creating a CUDA context (the supervisor of a local spawn
+    calls it; a context there costs ~0.5 GB on GPU 0 and, under EXCLUSIVE_PROCESS, GPU 0 itself): NVML
+    (:mod:`commbench.nvml`) where ``nvidia-ml-py`` is installed, else ``torch.cuda.device_count()``, which counts
+    through NVML too and otherwise asks ``cudaGetDeviceCount`` (the driver starts, no context is made). A torch
+    built without CUDA sees none, whatever the driver says."""
+    if not torch.backends.cuda.is_built():
+        return 0
+    from commbench import nvml
+
+    n = nvml.visible_count()
+    return n if n is not None else torch.cuda.device_count()
 
 
 def default_nproc() -> int:
@@ -126,15 +137,126 @@ def default_nproc() -> int:
 
 
 def resolve_backend(requested: str, local_rank: int, local_world_size: int) -> str:
-    """``auto`` is NCCL only when every rank on this node has its own GPU (every rank decides the same way)."""
+    """The backend of a local spawn, decided by its supervisor: every rank it starts sees the same GPUs, so ``auto``
+    is NCCL only when there are as many GPUs as ranks (rank r on ``cuda:r``)."""
     gpus = has_gpus()
     if requested == "auto":
-        return "nccl" if gpus >= local_world_size else "gloo"
+        return "nccl" if gpus >= local_world_size and gpus > 0 else "gloo"
     if requested == "nccl" and local_rank >= gpus:
         raise ValueError(
             f"backend 'nccl' needs a GPU per rank: this node has {gpus} GPU(s) for {local_world_size} rank(s); use --backend gloo or auto"
         )
     return requested
+
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = (dist.constants.default_pg_nccl_timeout or _dt.timedelta(minutes=10)).total_seconds()
+"""torch's own collective timeout (ProcessGroupNCCL's watchdog: 10 min), used for every backend and for the
+rendezvous store. A collective that waits longer for a peer fails, and a hung rank is named then. Not shorter: a long
+reference check on the CPU or a slow first NCCL init on a large job is a healthy run. A dead rank is seen by the
+supervisor of a local spawn at once (:func:`spawn_local`), whatever this says."""
+
+
+def gpu_uuids() -> list[str]:
+    """UUIDs of the GPUs this rank sees, in its CUDA order (``cuda:0`` first): torch's device properties (the CUDA
+    runtime starts in the rank; the rank uses its GPU anyway)."""
+    if not torch.backends.cuda.is_built():
+        return []
+    n = torch.cuda.device_count()
+    return [str(torch.cuda.get_device_properties(i).uuid) for i in range(n)]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalView:
+    """What one rank of a node sees: its global and local rank and the UUIDs of its visible GPUs in CUDA order."""
+
+    rank: int
+    local_rank: int
+    uuids: tuple[str, ...]
+
+
+def plan_devices(requested: str, views: Sequence[LocalView], host: str = "this node") -> dict[int, int | None]:
+    """The CUDA ordinal of every rank of one node, by global rank, or None for all of them (gloo).
+
+    Local rank r runs on ``cuda:(r % visible)``: with every GPU visible to every rank that is ``cuda:r``; with
+    per-task binding (``srun --gpus-per-task=1``, one ``CUDA_VISIBLE_DEVICES`` per rank) each rank sees one GPU and
+    runs on its ``cuda:0``. The UUIDs say whether the chosen GPUs are distinct. ``auto`` is NCCL when every rank
+    has a GPU of its own, else gloo; ``nccl`` refuses, in one line naming the ranks, a rank without a GPU or two
+    ranks on one GPU. ``views`` is the node's every rank (the same list on each, so each decides alike)."""
+    if requested == "gloo":
+        return {v.rank: None for v in views}
+    views = sorted(views, key=lambda v: v.rank)
+    # the launcher's local ranks where they number the node's ranks 0..n-1, else their order by global rank
+    numbered = sorted(v.local_rank for v in views) == list(range(len(views)))
+    index = {v.rank: (v.local_rank if numbered else i) for i, v in enumerate(views)}
+    blind = [v.rank for v in views if not v.uuids]
+    if blind:
+        if requested == "nccl":
+            raise ValueError(
+                f"backend 'nccl' needs a GPU per rank: rank(s) {_rank_list(blind)} on {host} see no GPU "
+                "(check CUDA_VISIBLE_DEVICES and the launcher's GPU binding); use --backend gloo or auto"
+            )
+        return {v.rank: None for v in views}
+    chosen = {v.rank: index[v.rank] % len(v.uuids) for v in views}
+    owners: dict[str, list[int]] = {}
+    for v in views:
+        owners.setdefault(v.uuids[chosen[v.rank]], []).append(v.rank)
+    shared = [(u, rs) for u, rs in owners.items() if len(rs) > 1]
+    if shared:
+        if requested == "auto":
+            return {v.rank: None for v in views}
+        uuid, ranks = shared[0]
+        raise ValueError(
+            f"ranks {_rank_list(ranks)} on {host} would share GPU {uuid}: give each rank its own GPU "
+            "(as many GPUs as ranks per node, srun --gpus-per-task=1, or one CUDA_VISIBLE_DEVICES per rank), "
+            "or use --backend gloo"
+        )
+    return dict(chosen)
+
+
+def _rank_list(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks[:-1])) + (" and " if len(ranks) > 1 else "") + str(ranks[-1])
+
+
+def _store_barrier(store: Any, key: str, world_size: int) -> None:
+    """Every rank arrives before any leaves: O(1) store calls per rank (the last one to arrive opens the door)."""
+    if int(store.add(f"{key}/arrived", 1)) == world_size:
+        store.set(f"{key}/open", "1")
+    store.wait([f"{key}/open"])
+
+
+def agree_devices(store: Any, info: WorldInfo, requested: str, host: str, uuids: Sequence[str]) -> int | None:
+    """This rank's CUDA ordinal (NCCL) or None (gloo), decided alike on every rank of the world before any
+    process group exists, through the rendezvous ``store``.
+
+    Each rank publishes the UUIDs it sees under its host; after a store barrier each rank reads its node's ranks
+    (so a launcher's LOCAL_WORLD_SIZE need not be right) and :func:`plan_devices` decides. The node's outcome is
+    then voted across the world, so every rank takes the same backend (a mixed nccl/gloo world would hang in its
+    first collective) and a refusal on one node ends every rank with that node's one line."""
+    if requested == "gloo":
+        return None
+    key = f"commbench/devices/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    slot = int(store.add(f"{key}/host/{host}", 1)) - 1
+    store.set(f"{key}/gpu/{host}/{slot}", json.dumps([info.rank, info.local_rank, list(uuids)]))
+    _store_barrier(store, f"{key}/published", info.world_size)
+    n = int(store.add(f"{key}/host/{host}", 0))
+    views = [
+        LocalView(r, lr, tuple(u)) for r, lr, u in (json.loads(store.get(f"{key}/gpu/{host}/{i}")) for i in range(n))
+    ]
+    try:
+        plan: dict[int, int | None] | None = plan_devices(requested, views, host)
+    except ValueError as e:
+        plan = None
+        store.set(f"{key}/why", str(e))
+        store.add(f"{key}/refused", 1)
+    if plan is not None and plan[info.rank] is None:
+        store.add(f"{key}/gloo", 1)
+    _store_barrier(store, f"{key}/voted", info.world_size)
+    if int(store.add(f"{key}/refused", 0)):
+        raise ValueError(store.get(f"{key}/why").decode())
+    if int(store.add(f"{key}/gloo", 0)):
+        return None
+    assert plan is not None  # not refused, so this node planned
+    return plan[info.rank]
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +312,24 @@ class Dist:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, value)
         return out
+
+    def sample_timer(self, kind: str) -> Any:
+        """The timing core's sample timer for ``timing.device_timer`` ``kind``: None for ``host`` (the host clock
+        around k ops and one synchronize, nccl-tests' BenchTime), CUDA events on the current stream for
+        ``events`` (:func:`commbench.timing.event_timer`); ValueError, one line, for ``events`` off CUDA."""
+        from commbench.config import DEVICE_TIMERS
+        from commbench.timing import event_timer
+
+        if kind not in DEVICE_TIMERS:
+            raise ValueError(f"unknown device timer {kind!r}; valid choices: {', '.join(DEVICE_TIMERS)}")
+        if kind == "host":
+            return None
+        if self.device.type != "cuda":
+            raise ValueError(
+                f"--device-timer events needs CUDA devices: this run is on {self.device.type} "
+                f"(backend {self.backend}); use --device-timer host"
+            )
+        return event_timer(lambda: torch.cuda.Event(enable_timing=True))
 
     def device_name(self) -> str:
         if self.device.type == "cuda":
@@ -256,9 +396,16 @@ _joined_world = False
 """Set once this process has joined a world; :func:`exit_process` reads it."""
 
 
-def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
-    """Initialise torch.distributed for ``info`` (env:// rendezvous) with collective timeout ``timeout_s``."""
-    backend = resolve_backend(backend, info.local_rank, info.local_world_size)
+def init_world(
+    info: WorldInfo, backend: str, timeout_s: float | None = None, *, nccl_debug: Path | None = None
+) -> Dist:
+    """Initialise torch.distributed for ``info`` with collective timeout ``timeout_s`` (None: torch's own,
+    :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`).
+
+    The rendezvous store comes first (the supervisor's listening socket in a local spawn, else torch's ``tcp://``
+    rendezvous, which also serves torchrun's agent store), so the ranks agree on backend and devices through it
+    (:func:`agree_devices`) before NCCL starts: a refusal is one line on every rank, not NCCL's "duplicate GPU".
+    With ``nccl_debug`` (a file path), NCCL logs INIT and NET at INFO level there (:func:`nccl_debug_env`)."""
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:
         torch.set_num_threads(threads)
@@ -268,16 +415,15 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
         cores = allowed_cores()
         blocks = core_blocks(cores, info.local_world_size)
         os.sched_setaffinity(0, blocks[info.local_rank] if blocks else {cores[info.local_rank % len(cores)]})
-    if backend == "nccl":
-        device = torch.device("cuda", info.local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     os.environ.setdefault("MASTER_ADDR", info.master_addr)
     os.environ.setdefault("MASTER_PORT", str(info.master_port))
+    if nccl_debug is not None:
+        # NCCL reads its environment when it first starts, in this process: setting it here reaches it
+        nccl_debug.parent.mkdir(parents=True, exist_ok=True)
+        os.environ.update(nccl_debug_env(nccl_debug))
     global _joined_world
     _joined_world = True
-    timeout = _dt.timedelta(seconds=timeout_s)
+    timeout = _dt.timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S if timeout_s is None else timeout_s)
     store_fd = os.environ.get(STORE_FD_ENV)
     if store_fd is not None:
         # A local spawn: the supervisor bound the rendezvous socket on loopback and handed it to rank 0, so the
@@ -290,24 +436,27 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
             timeout,
             master_listen_fd=int(store_fd) if store_fd else None,
         )
-        dist.init_process_group(
-            backend=backend,
-            store=store,
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=timeout,
-            device_id=device if backend == "nccl" else None,
-        )
     else:
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{info.master_addr}:{info.master_port}",
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=timeout,
-            device_id=device if backend == "nccl" else None,
-        )
+        url = f"tcp://{info.master_addr}:{info.master_port}"
+        store, _, _ = next(dist.rendezvous(url, rank=info.rank, world_size=info.world_size, timeout=timeout))
     host = socket.gethostname()
+    uuids = gpu_uuids() if backend != "gloo" and dist.is_nccl_available() else []
+    index = agree_devices(store, info, backend, host, uuids)
+    if index is not None:
+        backend = "nccl"
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+    else:
+        backend = "gloo"
+        device = torch.device("cpu")
+    dist.init_process_group(
+        backend=backend,
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timeout,
+        device_id=device if backend == "nccl" else None,
+    )
     hosts: list[str | None] = [None] * info.world_size
     dist.all_gather_object(hosts, host)
     return Dist(
@@ -318,6 +467,59 @@ def init_world(info: WorldInfo, backend: str, timeout_s: float) -> Dist:
         hosts=tuple(str(h) for h in hosts),
         threads=torch.get_num_threads(),
     )
+
+
+def nccl_debug_env(path: Path) -> dict[str, str]:
+    """NCCL's variables that log what it chose at init (transports, network, rings) to ``path``: INFO level, the
+    INIT and NET subsystems only (COLL would log every collective)."""
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": str(path)}
+
+
+def gpu_facts(device: torch.device, backend: str) -> dict[str, Any] | None:
+    """This rank's GPU as its node report keeps it: name, UUID, PCI bus id and MIG mode (NVML where it answers,
+    else torch's device properties; MIG mode only from NVML), and the NCCL version this rank's torch loaded (with
+    backend nccl); None on CPU. A failing query leaves its field None: metadata never stops a run."""
+    if device.type != "cuda":
+        return None
+    from commbench import nvml
+
+    facts: dict[str, Any] = {"name": None, "uuid": None, "pci_bus_id": None, "mig_mode": None, "nccl_version": None}
+    try:
+        props = torch.cuda.get_device_properties(device)
+        facts["name"] = props.name
+        facts["uuid"] = str(props.uuid)
+        if hasattr(props, "pci_bus_id"):
+            domain = int(getattr(props, "pci_domain_id", 0))
+            facts["pci_bus_id"] = (
+                f"{domain:08X}:{int(props.pci_bus_id):02X}:{int(getattr(props, 'pci_device_id', 0)):02X}.0"
+            )
+    except Exception:  # a broken driver: the report says unknown
+        pass
+    found = nvml.device_facts(uuid=facts["uuid"], pci_bus_id=facts["pci_bus_id"])
+    if found:
+        facts.update({k: v for k, v in found.items() if v is not None or k == "mig_mode"})
+    if backend == "nccl":
+        try:
+            facts["nccl_version"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:
+            pass
+    return facts
+
+
+def device_free_bytes(device: torch.device) -> int | None:
+    """Free memory of this rank's own ``device`` (a rank only: it creates the CUDA context the rank needs anyway),
+    None on CPU (host memory is the check's own business)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def release_memory(device: torch.device) -> None:
+    """Drop what garbage still holds and give the caching allocator's free blocks back to the device, so the next
+    phase (training after the sweep) starts from what is live; on CPU only the collection."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def shutdown_world() -> None:
@@ -500,11 +702,19 @@ def local_rank_env(rank: int, nproc: int, port: int, threads: int) -> dict[str, 
 
 
 def spawn_local(
-    argv: Sequence[str], nproc: int, timeout_s: float, grace_s: float = 5.0, log_dir: Path | None = None
+    argv: Sequence[str],
+    nproc: int,
+    timeout_s: float | None = None,
+    grace_s: float = 5.0,
+    log_dir: Path | None = None,
 ) -> None:
     """Run ``python -m commbench ARGV`` as ``nproc`` local ranks on 127.0.0.1 and supervise them.
 
-    Returns when every rank exited 0; raises :class:`RankFailure` naming the culprit otherwise. Each rank gets
+    Returns when every rank exited 0; raises :class:`RankFailure` naming the culprit otherwise. Two clocks, two
+    jobs: the supervisor sees a rank die (exit or signal) within its 50 ms poll, whatever the collective timeout, and
+    gives the others ``grace_s`` to end on their own before it stops them; a rank that hangs alive is named when a
+    peer's collective gives up after ``timeout_s`` (the ranks' collective timeout, given here only to say so; None:
+    torch's own, :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`). Each rank gets
     an equal share of the cores (``OMP_NUM_THREADS``), as torchrun would set it, and is bound to that share
     (:func:`core_blocks`; not with ``COMMBENCH_PIN_RANKS=0``, nor when there are more ranks than cores).
 
@@ -568,7 +778,8 @@ def _rank_lines(procs: list[subprocess.Popen[bytes]], log_dir: Path | None) -> l
     return out
 
 
-def _supervise(procs: list[subprocess.Popen[bytes]], timeout_s: float, grace_s: float) -> None:
+def _supervise(procs: list[subprocess.Popen[bytes]], timeout_s: float | None, grace_s: float) -> None:
+    timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S if timeout_s is None else timeout_s
     while True:
         codes = [p.poll() for p in procs]
         if all(c == 0 for c in codes):

@@ -4,9 +4,13 @@ Every run directory states what produced its numbers (DESIGN: hardware, versions
 date). :func:`build_metadata` owns the keys every run directory has; :func:`run_metadata` fills them from a
 live world, ``commbench.nccl_import`` from an nccl-tests log. The schema version is ``results.SCHEMA_VERSION``.
 
-Every node reports itself (``node_facts``: host name, NICs and their speeds, the NCCL_* / GLOO_* environment,
-CPU and GPU models, ``nvidia-smi topo -m`` where nvidia-smi exists); :func:`gather_nodes` collects them from
-all ranks (one report per node, with the node's ranks) into the ``node_reports`` key.
+Every node reports itself (``node_facts``: host name, NICs and their speeds, the communication environment
+(:data:`ENV_FAMILIES`), CPU and GPU models, the NVIDIA driver, ``nvidia-smi topo -m`` where nvidia-smi exists) and
+every rank its GPU (``launch.gpu_facts``: name, UUID, PCI bus id, MIG mode, its NCCL version) and its
+``CUDA_VISIBLE_DEVICES``; :func:`gather_nodes` collects them from all ranks (one report per node, with the node's
+ranks and, in the same order, their cores and GPUs) into the ``node_reports`` key. With ``--nccl-debug`` each
+rank's transport as NCCL chose it (:func:`nccl_transport`, from its ``NCCL_DEBUG=INFO`` log) joins its node's
+report at the end of the run (:func:`gather_transports`, :func:`add_transports`).
 """
 
 from __future__ import annotations
@@ -117,11 +121,20 @@ def agree_fp8_codec(d: Any) -> str:
 
 
 def run_metadata(
-    suite: SuiteConfig, d: Any, argv: list[str], start: str, nodes: list[dict[str, Any]] | None = None
+    suite: SuiteConfig,
+    d: Any,
+    argv: list[str],
+    start: str,
+    nodes: list[dict[str, Any]] | None = None,
+    *,
+    collective_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Metadata of a run measured now on the world ``d`` (a ``launch.Dist``), from rank 0; ``nodes``: what
-    :func:`gather_nodes` returned."""
+    :func:`gather_nodes` returned; ``collective_timeout_s``: the ``--timeout`` given (None: torch's own)."""
     import torch
+
+    from commbench import nvml
+    from commbench.launch import DEFAULT_COLLECTIVE_TIMEOUT_S
 
     nccl = None
     if torch.cuda.is_available():
@@ -153,12 +166,40 @@ def run_metadata(
             "device": str(d.device.type),
             "gloo_available": torch.distributed.is_gloo_available(),
             "cpu_count": os.cpu_count(),
+            "cuda_version": torch.version.cuda,
+            "driver_version": nvml.driver_version(),
+            "collective_timeout_s": DEFAULT_COLLECTIVE_TIMEOUT_S
+            if collective_timeout_s is None
+            else collective_timeout_s,
             "node_reports": nodes or [],
         },
     )
 
 
-_ENV_KEYS = re.compile(r"^(NCCL|GLOO)_")
+ENV_FAMILIES = (
+    "NCCL_",
+    "TORCH_NCCL_",
+    "GLOO_",
+    "FI_",
+    "UCX_",
+    "OMPI_MCA_",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+)
+"""Environment a node report keeps: prefixes (``_``-ended) and whole names. What a GPU user is asked first: NCCL's
+and torch's NCCL knobs, gloo's, libfabric's (EFA), UCX's and Open MPI's transport settings, the GPUs a process sees,
+and CUDA's hardware queues (Megatron sets 1 to order communication and compute kernels)."""
+
+_ENV_KEYS = re.compile(
+    "^(" + "|".join(re.escape(f) if f.endswith("_") else re.escape(f) + "$" for f in ENV_FAMILIES) + ")"
+)
+
+
+def kept_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` in :data:`ENV_FAMILIES`, sorted by name."""
+    return {k: v for k, v in sorted(env.items()) if _ENV_KEYS.match(k)}
+
+
 SYS_NET = Path("/sys/class/net")
 
 
@@ -206,13 +247,16 @@ def node_facts(env: Mapping[str, str] | None = None) -> dict[str, Any]:
             gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     except Exception:  # a broken driver must not stop the run; the report says "none"
         gpus = []
+    from commbench import nvml
+
     return {
         "host": socket.gethostname(),
         "nics": nics(),
-        "env": {k: v for k, v in sorted(env.items()) if _ENV_KEYS.match(k)},
+        "env": kept_env(env),
         "cpu": cpu_model_name(),
         "cpu_count": os.cpu_count(),
         "gpus": gpus,
+        "driver_version": nvml.driver_version(),
         "nvidia_topo": nvidia_topology(),
     }
 
@@ -228,26 +272,88 @@ def int_ranges(xs: Iterable[int], sep: str = ",") -> str:
     return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+PER_RANK = {"cores": "rank_cores", "gpu": "rank_gpus", "cuda_visible_devices": "rank_cuda_visible_devices"}
+"""Per-rank facts (key in a rank's item -> list in its node's report, in the order of the node's ``ranks``)."""
+
+
 def merge_nodes(per_rank: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One report per host from every rank's (in rank order): the host's ranks and, in the same order, the cores
-    each was bound to (``rank_cores``: a cpulist, None where unknown), then the facts of its first rank that
-    carries them (``node_facts`` keys); hosts in order of their lowest rank."""
+    """One report per host from every rank's (in rank order): the host's ranks and, in the same order, each
+    rank's own facts (:data:`PER_RANK`: the cores it was bound to as a cpulist, its GPU, its CUDA_VISIBLE_DEVICES;
+    None where unknown), then the facts of its first rank that carries them (``node_facts`` keys); hosts in order
+    of their lowest rank."""
     out: dict[str, dict[str, Any]] = {}
     for rank, item in enumerate(per_rank):
         host = str(item.get("host"))
-        node = out.setdefault(host, {"host": host, "ranks": [], "rank_cores": []})
+        node = out.setdefault(host, {"host": host, "ranks": [], **{v: [] for v in PER_RANK.values()}})
         node["ranks"].append(rank)
-        node["rank_cores"].append(item.get("cores"))
+        for k, v in PER_RANK.items():
+            node[v].append(item.get(k))
         for k, v in item.items():
-            if k != "cores":
+            if k not in PER_RANK:
                 node.setdefault(k, v)
     return list(out.values())
 
 
 def gather_nodes(d: Any) -> list[dict[str, Any]]:
     """Every node's report (on every rank): a collective, call it on every rank of the world ``d``."""
-    from commbench.launch import node_leader, rank_cores
+    from commbench.launch import gpu_facts, node_leader, rank_cores
 
     mine = node_facts() if node_leader(d) else {"host": d.host}
     mine["cores"] = rank_cores()
+    mine["gpu"] = gpu_facts(d.device, d.backend)
+    mine["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     return merge_nodes(d.gather_object(mine))
+
+
+_VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+(?:/\d+)?(?:/GDRDMA)?|P2P/[A-Za-z]+|SHM|CollNet[A-Za-z/]*)")
+_NETWORK = re.compile(r"\bUsing network (\S.*?)\s*$")
+
+
+def nccl_transport(log: str) -> str | None:
+    """The transports NCCL chose, from its ``NCCL_DEBUG=INFO`` log (INIT, NET), as ``NVLS, P2P/CUMEM, IB`` (the
+    order of first appearance; the network last); None when the log says nothing about it (gloo, or NCCL logged
+    nothing yet).
+
+    What counts: each channel's connection (``Channel 00/0 : 0[0] -> 1[1] via P2P/IPC``, ``via SHM/direct/direct``,
+    ``[send] via NET/IB/0/GDRDMA``), NVLS when NCCL says ``NVLS multicast support is available`` or builds an NVLS
+    communicator (``NVLS comm 0x...``), and the network plugin NCCL uses (``Using network IB`` / ``Socket``). The
+    ``NET/IB : No device found`` of a probe that failed is not a transport."""
+    seen: list[str] = []
+    network: str | None = None
+    for line in log.splitlines():
+        if "NVLS multicast support is available" in line or re.search(r"\bNVLS comm 0x", line):
+            if "NVLS" not in seen:
+                seen.append("NVLS")
+        m = _NETWORK.search(line)
+        if m:
+            network = m.group(1)
+        for via in _VIA.findall(line):
+            name = via
+            if via.startswith("NET/"):
+                parts = via.split("/")  # NET, IB, 0, GDRDMA
+                name = parts[1] + ("/GDRDMA" if parts[-1] == "GDRDMA" else "")
+            elif via.startswith("CollNet"):
+                name = "CollNet"
+            if name not in seen:
+                seen.append(name)
+    if network is not None and not any(t.split("/")[0] == network for t in seen):
+        seen.append(f"net {network}")
+    return ", ".join(seen) if seen else None
+
+
+def gather_transports(d: Any, log: Path) -> list[dict[str, Any]]:
+    """Every rank's NCCL transport (:func:`nccl_transport` of its log ``log``) and log path, in rank order, on
+    every rank: a collective. A rank whose log is missing or unreadable reports None."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        text = ""
+    return d.gather_object({"transport": nccl_transport(text), "log": str(log)})
+
+
+def add_transports(meta: dict[str, Any], transports: Sequence[Mapping[str, Any]]) -> None:
+    """Put each rank's transport into its node's report (``rank_transports``, in the order of the node's ranks)
+    and the log paths under ``nccl_debug``."""
+    for node in meta.get("node_reports") or []:
+        node["rank_transports"] = [transports[r].get("transport") for r in node.get("ranks") or []]
+    meta["nccl_debug"] = {"subsystems": "INIT,NET", "logs": [t.get("log") for t in transports]}

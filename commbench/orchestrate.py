@@ -36,8 +36,15 @@ they were measured, so new rows under other values would mix silently with the o
 
 def resume_conflicts(meta: dict[str, Any], suite: SuiteConfig) -> list[str]:
     """What ``suite`` changes against the run recorded in ``meta`` (``metadata.json``), one phrase each."""
-    old = meta.get("suite") or {}
+    old = dict(meta.get("suite") or {})
     new = suite.to_dict()
+    if isinstance(old.get("timing"), dict):
+        # a timing setting added after the run was made took its default then: fill it in, so the run resumes
+        from dataclasses import asdict
+
+        from commbench.config import TimingConfig
+
+        old["timing"] = {**asdict(TimingConfig()), **old["timing"]}
     out = []
     for key, flag in RESUME_FIXED.items():
         if key in old and old[key] != new.get(key):
@@ -55,17 +62,20 @@ def check_resume(run_dir: Path, meta: dict[str, Any], suite: SuiteConfig) -> Non
         )
 
 
-def memory_check(suite: SuiteConfig, n: int, backend: str, local_ranks: int, device: Any = None) -> None:
-    """Refuse (ValueError, one line) a suite whose largest size cannot fit in host or device memory."""
+def memory_check(
+    suite: SuiteConfig, n: int, backend: str, local_ranks: int, device: Any = None, *, device_free: int | None = None
+) -> None:
+    """Refuse (ValueError, one line) a suite whose largest size cannot fit in host or device memory.
+
+    The supervisor of a local spawn passes ``device_free`` (read through NVML: it must not create a CUDA context)
+    and no ``device``; a rank passes its own ``device``, whose free memory it reads itself."""
     from commbench.check import host_available_bytes, memory_problem
+    from commbench.launch import device_free_bytes
 
-    on_gpu = device is not None and getattr(device, "type", "cpu") == "cuda"
-    dev_free = None
-    if on_gpu:
-        import torch
-
-        dev_free = int(torch.cuda.mem_get_info(device)[0])
-    problem = memory_problem(suite, n, backend, local_ranks, on_gpu, host_available_bytes(), dev_free)
+    on_gpu = backend == "nccl"
+    if device_free is None and device is not None:
+        device_free = device_free_bytes(device)
+    problem = memory_problem(suite, n, backend, local_ranks, on_gpu, host_available_bytes(), device_free)
     if problem:
         raise ValueError(problem)
 
@@ -97,18 +107,36 @@ def report_after_run(out: Path) -> None:
 
 
 def run_metadata(
-    suite: SuiteConfig, d: Any, argv: list[str], start: str, nodes: list[dict[str, Any]] | None = None
+    suite: SuiteConfig,
+    d: Any,
+    argv: list[str],
+    start: str,
+    nodes: list[dict[str, Any]] | None = None,
+    *,
+    collective_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     from commbench.metadata import run_metadata as build
 
-    return build(suite, d, argv, start, nodes)
+    return build(suite, d, argv, start, nodes, collective_timeout_s=collective_timeout_s)
+
+
+def nccl_debug_path(out: Any, rank: int) -> Path:
+    """Where rank ``rank``'s NCCL log goes with ``--nccl-debug``: the run directory's logs when it is known before
+    the world starts (a local spawn always passes it), else a temporary directory; the host is in the name, so
+    ranks of several nodes can share a run directory on a shared file system."""
+    import tempfile
+
+    from commbench.results import LOGS_DIR
+
+    base = Path(out) / LOGS_DIR if out else Path(tempfile.gettempdir()) / "commbench-nccl"
+    return base / f"nccl.{socket.gethostname()}.rank{rank}.log"
 
 
 def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
     """One rank of the run (spawned locally, or started by torchrun / srun / mpirun)."""
     import torch.distributed as dist
 
-    from commbench.launch import detect_world, init_world, set_parent_death_signal, shutdown_world
+    from commbench.launch import detect_world, init_world, release_memory, set_parent_death_signal, shutdown_world
     from commbench.results import RunWriter
 
     if os.environ.get("COMMBENCH_PARENT_PID"):
@@ -122,8 +150,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
     info = detect_world()
     assert info is not None
     start = _now()
-    d = init_world(info, args.backend, args.timeout)
     out: Any = args.resume or args.out
+    nccl_log = nccl_debug_path(out, info.rank) if getattr(args, "nccl_debug", False) else None
+    d = init_world(info, args.backend, args.timeout, nccl_debug=nccl_log)
     try:
         # Rank 0 owns the run directory; a failure there must stop every rank, not leave them waiting.
         writer: RunWriter | None = None
@@ -133,6 +162,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             from commbench.metadata import agree_fp8_codec
 
             agree_fp8_codec(d)
+            d.sample_timer(suite.timing.device_timer)  # events off CUDA: one line on every rank, before any point
         except ValueError as e:
             problem = str(e)
         from commbench.metadata import gather_nodes
@@ -154,8 +184,11 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
                 if args.resume is None:
                     user_argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
                     writer.write_metadata(
-                        run_metadata(suite, d, ["python", "-m", "commbench", *user_argv], start, nodes)
-                    )
+                        run_metadata(
+                            suite, d, ["python", "-m", "commbench", *user_argv], start, nodes,
+                            collective_timeout_s=args.timeout,
+                        )
+                    )  # fmt: skip
             except ValueError as e:
                 problem = str(e)
         verdict: list[Any] = [problem]
@@ -166,10 +199,21 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             return 2
         _run_sweep(suite, d, writer, quiet=args.quiet)
         if suite.training is not None:
+            # what the sweep left (payloads, references, the allocator's cached blocks) must not count in any
+            # policy's peak memory
+            release_memory(d.device)
             _run_training(suite, d, writer, quiet=args.quiet)
+        from commbench.metadata import gather_transports
+
+        # after the run: NCCL connects its channels at the first collective of each communicator, not at init
+        transports = gather_transports(d, nccl_log) if nccl_log is not None else None
         if writer is not None:
             meta = json.loads((writer.dir / "metadata.json").read_text())
             meta["end_time"] = _now()
+            if transports is not None:
+                from commbench.metadata import add_transports
+
+                add_transports(meta, transports)
             writer.write_metadata(meta)
             print(f"# results: {writer.dir}")
         # Every rank has finished its collectives and rank 0 its writes: leave together, so no rank tears
@@ -241,6 +285,10 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
                 progress.advance(where, len(indices))
     finally:
         progress.stop()
+    if lead and writer is not None and sweep.unavailable:
+        meta = json.loads((writer.dir / "metadata.json").read_text())
+        meta["skipped"] = sweep.unavailable
+        writer.write_metadata(meta)
     if lead and writer is not None:
         import pandas as pd
 
@@ -284,6 +332,6 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = Fals
             progress.advance(f"training {summary[0].policy}" if summary else "training")
 
     try:
-        run_training(suite.training, device=d.device, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
+        run_training(suite.training, device=d.device, sync=d.sync, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
     finally:
         progress.stop()

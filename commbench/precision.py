@@ -90,6 +90,12 @@ class PointOp(Protocol):
     def received(self) -> list[ReceivedChunk]: ...
 
 
+class Unsupported(RuntimeError):
+    """Raised by :meth:`Precision.make_op` when the precision cannot run here after all (a probe of what the
+    backend really does refused it). The decision must be the same on every rank of the group (agreed across
+    them), so every rank skips the point together: the sweep skips it with this message as its note."""
+
+
 class Precision(ABC):
     """A communication precision (codec)."""
 
@@ -126,7 +132,8 @@ class Precision(ABC):
     def make_op(
         self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
     ) -> PointOp:
-        """Allocate buffers and return the op for one point."""
+        """Allocate buffers and return the op for one point; :class:`Unsupported` (on every rank alike) when
+        the precision turns out unable to run here."""
 
     def error_bound(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
         """Per-element tolerance for the ``wrong`` count on exactly representable inputs.

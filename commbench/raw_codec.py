@@ -22,7 +22,9 @@ class Fp32Raw(Codec):
     """The identity codec: four bytes of float32 per element, no scales."""
 
     name = NAME
-    description = "fp32 through the chunked (all_to_all) algorithm, uncompressed: the algorithm's share of a codec's gain"
+    description = (
+        "fp32 through the chunked (all_to_all) algorithm, uncompressed: the algorithm's share of a codec's gain"
+    )
 
     def code_bytes(self, numel: int) -> int:
         return 4 * numel
@@ -41,6 +43,39 @@ class Fp32Raw(Codec):
         # a chunk's bytes start 4-byte aligned in both wire layouts (no scales between chunks)
         v = codes.view(torch.float32)
         out.add_(v) if accumulate else out.copy_(v)
+
+    def encode_chunks(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        wire_scales: torch.Tensor | None,
+        *,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        import torch
+
+        codes.copy_(x.view(torch.uint8))  # one copy for every chunk
+
+    def decode_chunks(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        wire_scales: torch.Tensor | None,
+        out: torch.Tensor,
+        *,
+        reduce: bool = False,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        import torch
+
+        v = codes.view(torch.float32)  # [k, m]: chunks start 4-byte aligned in both layouts
+        if reduce:
+            from commbench.fp8 import sum_chunks
+
+            sum_chunks(v, out)  # one reduction over the chunks
+        else:
+            out.copy_(v)
 
     def error_bound(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor | float:
         import torch

@@ -323,7 +323,7 @@ class TrainingSummary(Record):
     step_time_us_ci_high: float = col("upper end of the 95 % interval of step_time_us_p50, microseconds", NAN)
     samples_per_s: float = col("samples per second over all ranks at the median step time", NAN)
     tokens_per_s: float = col("tokens per second over all ranks at the median step time", NAN)
-    peak_mem_bytes: float = col("measured peak memory of one step, max over ranks, bytes", NAN)
+    peak_mem_bytes: float = col("measured peak memory of one step over a baseline taken right before the policy starts (what the process held before is not counted), max over ranks, bytes", NAN)
     peak_mem_kind: str | None = col("how peak_mem_bytes was measured (cuda_allocator, cpu_heap, cpu_memtracker)", None)
     model_state_bytes: int | None = col("analytic model-state bytes per rank (params + grads + optimizer)", None)
     model_state_kind: str | None = col("how model_state_bytes was obtained (analytic)", None)
@@ -362,7 +362,7 @@ class TrainingSummary(Record):
     comm_saved_vs_fp32: float = col("1 - comm bytes per step / the fp32 baseline's (fraction)", NAN)
     warnings: str = col("pitfalls detected, '; '-separated")
     notes: str = col("remarks on the run (codec source, backend quirks), '; '-separated")
-    error: str = col("the exception that stopped this policy, or empty")
+    error: str = col("why this policy was skipped on every rank: each failing rank, its exception and phase, or empty")
 
 
 @dataclass(kw_only=True, slots=True)

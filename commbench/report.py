@@ -581,6 +581,10 @@ def pitfalls(run: RunData) -> list[str]:
                 f"({interval(r.get('gain_at_largest'), r.get('gain_at_largest_ci_low'), r.get('gain_at_largest_ci_high'))})"
                 + (f": {cause}." if cause else ".")
             )
+    for e in run.metadata.get("skipped") or []:  # refused at run time on some rank, so skipped on all
+        group = e.get("group", "world")
+        where = e.get("collective", "?") + ("" if group in (None, "world") else f" [{group}]")
+        out.append(f"{where} {e.get('precision', '?')}: skipped, {e.get('reason', 'not usable here')}.")
     t = run.training
     if not t.empty and "warnings" in t.columns:
         for _, r in t.iterrows():
@@ -813,6 +817,7 @@ def nodes_table(meta: dict[str, Any]) -> Table | None:
                 _ranks(list(n.get("ranks") or [])) + _bound(n),
                 fmt(n.get("cpu")) + (f" ({n['cpu_count']} cores)" if n.get("cpu_count") else ""),
                 "; ".join(n.get("gpus") or []) or "none",
+                _rank_devices(n),
                 ", ".join(_nic(x) for x in n.get("nics") or []),
                 " ".join(f"{k}={v}" for k, v in sorted(env.items())),
             ]
@@ -820,9 +825,24 @@ def nodes_table(meta: dict[str, Any]) -> Table | None:
     return Table(
         "nodes",
         "Nodes",
-        ["host", "ranks", "CPU", "GPUs", "NICs (speed where /sys/class/net says)", "NCCL_* / GLOO_* environment"],
+        ["host", "ranks", "CPU", "GPUs", "each rank's GPU (PCI bus) and NCCL transport (--nccl-debug)",
+         "NICs (speed where /sys/class/net says)", "communication environment (NCCL, TORCH_NCCL, GLOO, FI, UCX, OMPI_MCA, CUDA)"],
         rows,
-    )
+    )  # fmt: skip
+
+
+def _rank_devices(node: dict[str, Any]) -> str:
+    """``0: 0000:1B:00.0 NVLS, P2P/CUMEM | 1: ...``: each rank's GPU by PCI bus id and the transport NCCL chose,
+    where the run recorded them (``rank_gpus``, ``rank_transports``); ``-`` when it recorded neither."""
+    ranks = list(node.get("ranks") or [])
+    gpus = list(node.get("rank_gpus") or [None] * len(ranks))
+    transports = list(node.get("rank_transports") or [None] * len(ranks))
+    parts = []
+    for r, g, t in zip(ranks, gpus, transports, strict=False):
+        bits = [str(g.get("pci_bus_id") or g.get("uuid") or "") if isinstance(g, dict) else "", t or ""]
+        if any(bits):
+            parts.append(f"{r}: " + " ".join(b for b in bits if b))
+    return " | ".join(parts) or "-"
 
 
 def topology_tables(meta: dict[str, Any]) -> list[Table]:

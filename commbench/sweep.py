@@ -9,6 +9,9 @@ The rounds of a group are spread over ``timing.passes`` visits of the whole grid
 per pass, :meth:`Sweep.finish_group` after the last), so a slow spell of the machine lands on part of many points.
 Where a codec precision reaches its result through another algorithm than fp32 (reductions over all_to_all), fp32
 through that algorithm (``fp32_chunked``) joins the group, and a codec's gain splits into algorithm and precision.
+The group's references are made once for all its precisions, and one payload loads every contender
+(:func:`commbench.check.check_group`); a precision that turns out unable to run here (``Unsupported`` from its
+``make_op``, agreed across ranks) is skipped with a note rather than ending the run.
 """
 
 from __future__ import annotations
@@ -20,19 +23,19 @@ import signal
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from commbench import stats
-from commbench.check import Check, check_point, rank_payload
+from commbench import console, stats
+from commbench.check import Check, check_group, load_inputs, payload_source
 from commbench.collectives import Collective, Layout, get_collective
 from commbench.config import SuiteConfig
 from commbench.groups import SubGroup, build, get_group_kind, unusable
 from commbench.launch import Dist
-from commbench.precision import Precision, get_precision
+from commbench.precision import Precision, Unsupported, get_precision
 from commbench.raw_codec import NAME as ALGORITHM_BASELINE
 from commbench.records import CollectivePoint, RankPoint
 from commbench.timing import Rounds, Stats, bandwidth_gbps, measure_rounds
@@ -68,6 +71,25 @@ class GroupState:
     rounds: Rounds
     wire_bytes: list[int]
     has_codec: list[bool]
+    live: list[int]
+    """Positions in ``group.points`` that run (one contender each, in order): the others were skipped on every
+    rank (their precision raised :class:`~commbench.precision.Unsupported`)."""
+
+
+def contenders(names: Sequence[str], coll: Collective, backend: str) -> list[Precision]:
+    """The precisions a group of ``coll`` runs on ``backend``: the suite's ``names`` the backend supports, in
+    order, and ``fp32_chunked`` where the algorithm/precision split applies (the memory estimate counts them
+    all: :func:`commbench.check.point_memory`)."""
+    precs = [get_precision(p) for p in names]
+    precs = [p for p in precs if p.supports(coll, backend)]
+    have = {p.name for p in precs}
+    # The algorithm/precision split needs fp32 through the codecs' algorithm, where that algorithm differs
+    # from the backend's own: a reduction done as exchange + local sum instead of by the backend.
+    if BASELINE in have and ALGORITHM_BASELINE not in have and coll.reduces and any(p.chunked for p in precs):
+        extra = get_precision(ALGORITHM_BASELINE)
+        if extra.supports(coll, backend):
+            precs.append(extra)
+    return precs
 
 
 def compute_gap(device: Any, seconds: float, sync: Callable[[], None]) -> Callable[[], None]:
@@ -118,6 +140,9 @@ class Sweep:
         self.suite = suite
         self.d = d
         self._subgroups: dict[str, SubGroup] = {}
+        self.unavailable: list[dict[str, str]] = []
+        """Points skipped at run time, once per (precision, collective, group): ``precision``, ``collective``,
+        ``group`` and ``reason`` (the :class:`~commbench.precision.Unsupported` message), for the metadata."""
 
     def subgroup(self, kind: str) -> SubGroup:
         """This rank's communicator group of ``kind``, created on first use (by every rank, in the same order)."""
@@ -138,16 +163,7 @@ class Sweep:
         return out
 
     def _precisions(self, coll: Collective) -> list[Precision]:
-        precs = [get_precision(p) for p in self.suite.precisions]
-        precs = [p for p in precs if p.supports(coll, self.d.backend)]
-        names = {p.name for p in precs}
-        # The algorithm/precision split needs fp32 through the codecs' algorithm, where that algorithm differs
-        # from the backend's own: a reduction done as exchange + local sum instead of by the backend.
-        if BASELINE in names and ALGORITHM_BASELINE not in names and coll.reduces and any(p.chunked for p in precs):
-            extra = get_precision(ALGORITHM_BASELINE)
-            if extra.supports(coll, self.d.backend):
-                precs.append(extra)
-        return precs
+        return contenders(self.suite.precisions, coll, self.d.backend)
 
     def groups(self) -> list[Group]:
         """Groups in run order: collective, then size; inside a group, the suite's precision order."""
@@ -202,38 +218,44 @@ class Sweep:
 
     def sample_group(self, group: Group, state: GroupState | None, pass_index: int) -> GroupState | None:
         """One pass over ``group``: its correctness and error passes first (pass 0), then rounds of samples that
-        continue ``state``'s. None when the group cannot run (its layout does not divide)."""
+        continue ``state``'s. None when the group cannot run (its layout does not divide, or every precision of it
+        was skipped). A precision whose ``make_op`` raises :class:`~commbench.precision.Unsupported` (the same on
+        every rank) is skipped with its message as the note (:attr:`unavailable`) instead of ending the run."""
         d, suite, coll = self.d, self.suite, group.collective
         sg = self.subgroup(group.kind)
         view = GroupView(d, sg)
         layout = self.layout(coll, group.fp32_bytes, sg.size)
         if layout is None:
             return None
-        ops, inputs = [], []
-        checks = [] if state is None else state.checks
-        for index, pt in group.points:
+        live, ops = [], []
+        for c, (index, pt) in enumerate(group.points):
+            if state is not None and c not in state.live:
+                continue
             if pass_index == suite.timing.passes - 1:
                 _fault_hook(d.rank, index)  # in the pass that finishes the point: the points before it are kept
-            op = pt.precision.make_op(coll, layout, sg.pg, d.device)
-            if state is None:
-                chk = check_point(view, suite, coll, pt.precision, layout, op, pt.fp32_bytes)  # type: ignore[arg-type]
-                inputs.append(chk.timing_input)
-                # the payload is regenerated from its seed in later passes rather than kept for the whole run
-                checks.append(replace(chk, timing_input=chk.timing_input.new_empty(0)))
-            else:
-                inputs.append(rank_payload(suite, layout, view.rank, pt.fp32_bytes))
+            try:
+                op = pt.precision.make_op(coll, layout, sg.pg, d.device)
+            except Unsupported as e:  # agreed on every rank of the group: they all skip it together
+                self._skip(pt, group.kind, str(e))
+                continue
+            live.append(c)
             ops.append(op)
-        # Timing on the payload (in-place collectives keep summing into the buffer: like nccl-tests in-place).
-        contenders = []
-        for (_, pt), op, x in zip(group.points, ops, inputs, strict=True):
-            op.load(x.to(device=d.device, dtype=pt.precision.input_dtype))
+        if not ops:
+            return None
+        pairs = [(group.points[c][1].precision, op) for c, op in zip(live, ops, strict=True)]
+        checks = check_group(view, suite, coll, layout, pairs, group.fp32_bytes) if state is None else state.checks  # type: ignore[arg-type]
+        # Timing on the payload, regenerated from its seed in blocks rather than kept through the checks or the
+        # run: one tensor per input dtype loads every contender (in-place collectives keep summing into the buffer:
+        # like nccl-tests in-place).
+        load_inputs(pairs, payload_source(suite, layout, group.fp32_bytes), view.rank, layout.input_numel, d.device)
+        phases = []
+        for _, op in pairs:
             op.encode()
-            contenders.append([op.encode, op.comm, op.decode] if op.has_codec else [op.comm])
-        del inputs
+            phases.append([op.encode, op.comm, op.decode] if op.has_codec else [op.comm])
         t = suite.timing
         total_rounds = max(t.max_samples, t.repeats)
         rounds = measure_rounds(
-            contenders,
+            phases,
             warmup=t.warmup,
             min_time_s=t.min_time_s,
             min_iters=t.min_iters,
@@ -251,9 +273,19 @@ class Sweep:
             barrier=d.barrier,
             prior=None if state is None else state.rounds,
             gap=compute_gap(d.device, t.gap_s, d.sync) if t.mode == "isolated" else None,
+            timer=d.sample_timer(t.device_timer),
         )
         return GroupState(checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
-                          has_codec=[op.has_codec for op in ops])  # fmt: skip
+                          has_codec=[op.has_codec for op in ops], live=live)  # fmt: skip
+
+    def _skip(self, pt: Point, kind: str, reason: str) -> None:
+        """Record (and on rank 0 print) a point its precision refused at run time, once per (precision,
+        collective, group): every size of it is skipped alike."""
+        entry = {"precision": pt.precision.name, "collective": pt.collective.name, "group": kind, "reason": reason}
+        if entry not in self.unavailable:
+            self.unavailable.append(entry)
+            if self.d.rank == 0:
+                console.print_unavailable(entry)
 
     def finish_group(
         self, group: Group, state: GroupState | None, todo: set[int] | None = None
@@ -269,12 +301,13 @@ class Sweep:
         layout = self.layout(group.collective, group.fp32_bytes, sg.size)
         assert layout is not None  # sample_group returned a state, so the layout divides
         checks, rounds = state.checks, state.rounds
-        names = [pt.precision.name for _, pt in group.points]
-        totals = [rounds.per_sample_total(c) for c in range(len(group.points))]
+        points = [group.points[c] for c in state.live]
+        names = [pt.precision.name for _, pt in points]
+        totals = [rounds.per_sample_total(c) for c in range(len(points))]
         base = names.index(BASELINE) if BASELINE in names else None
         algo = names.index(ALGORITHM_BASELINE) if ALGORITHM_BASELINE in names else None
         out = []
-        for c, ((index, pt), chk) in enumerate(zip(group.points, checks, strict=True)):
+        for c, ((index, pt), chk) in enumerate(zip(points, checks, strict=True)):
             if todo is not None and index not in todo:
                 continue
             gain = algo_gain = prec_gain = None
@@ -287,13 +320,16 @@ class Sweep:
                 pt, layout, state.wire_bytes[c], state.has_codec[c], chk, rounds, c, gain, algo_gain, prec_gain, sg
             )
             out.append((index, rec))
-        return out, self._rank_records(group, rounds, [i for i, _ in group.points if todo is None or i in todo])
+        keep = [i for i, _ in points if todo is None or i in todo]
+        return out, self._rank_records(group, points, rounds, keep)
 
-    def _rank_records(self, group: Group, r: Rounds, keep: list[int]) -> list[RankPoint]:
+    def _rank_records(
+        self, group: Group, points: list[tuple[int, Point]], r: Rounds, keep: list[int]
+    ) -> list[RankPoint]:
         """Per rank and point: the rank's median comm time and its median barrier wait of the group's rounds."""
         out = []
         wait_us = [statistics.median(w) * 1e6 for w in r.waits]
-        for c, (index, pt) in enumerate(group.points):
+        for c, (index, pt) in enumerate(points):
             if index not in keep:
                 continue
             comm_phase = len(r.samples[c]) // 2  # encode/comm/decode or comm alone

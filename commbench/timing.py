@@ -2,8 +2,28 @@
 
 No I/O and no torch.distributed here: the caller injects ``barrier`` (start samples together), ``agree``
 (max of a float across ranks, so every rank makes the same calibration decision and calls the collective
-the same number of times), ``sync`` (device synchronisation; a no-op on CPU) and ``clock``. Tests drive it
-with a fake clock.
+the same number of times), ``sync`` (device synchronisation; a no-op on CPU), ``clock`` and, optionally,
+``timer`` (a sample timer that replaces clock + sync for the k ops). Tests drive it with a fake clock and
+fake events.
+
+The protocol, one sample of k back-to-back ops (``stream`` mode; ``isolated`` is k = 1 after a gap of compute):
+
+- CPU (gloo): barrier, host clock, k ops, host clock; per-op time = elapsed / k. A gloo collective returns when
+  its result is in the output tensor, so there is nothing to synchronise.
+- GPU, ``device_timer = "host"`` (the default, nccl-tests' ``BenchTime``: a host timer around ``-n`` ops, then a
+  wait for the stream): barrier (``device_ids`` = this rank's GPU, so it is a collective on the NCCL stream), host
+  clock, k ops, ``torch.cuda.synchronize()``, host clock. A blocking NCCL call returns once its kernel is queued
+  and the current stream made to wait on it, so only the synchronize puts the k kernels inside the interval; the
+  interval also holds the host's launch time of the first op and the synchronize's return, a few microseconds,
+  amortised over k (k >= 20).
+- GPU, ``device_timer = "events"``: barrier, a CUDA event recorded on the current stream, k ops, a second event,
+  wait for it on the host; per-op time = the events' elapsed time / k. Each blocking NCCL call makes the current
+  stream wait on NCCL's stream, so the second event completes after the last kernel; the interval is the device's
+  (launch latency of the first op and host overhead drop out while the host keeps ahead of the GPU; a host that
+  falls behind shows as gaps inside the interval, as it would in a training step). Events resolve to about 0.5 us.
+
+Both GPU timers report seconds per op, in the same records, and a run records which one it used (``timing`` in
+its metadata); ``docs/timing.md`` has the same text for readers of the docs.
 """
 
 from __future__ import annotations
@@ -13,8 +33,12 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 Clock = Callable[[], float]
+SampleTimer = Callable[[Callable[[], None], int], float]
+"""``timer(fn, k)``: seconds for ``k`` back-to-back calls of ``fn``, measured end to end (device completion
+included); replaces the host clock and ``sync`` around a sample."""
 
 
 def _noop() -> None:
@@ -25,13 +49,34 @@ def _identity(x: float) -> float:
     return x
 
 
-def run_sample(fn: Callable[[], None], k: int, *, sync: Callable[[], None], clock: Clock) -> float:
-    """Seconds for ``k`` back-to-back calls of ``fn`` followed by one device synchronisation."""
+def run_sample(
+    fn: Callable[[], None], k: int, *, sync: Callable[[], None], clock: Clock, timer: SampleTimer | None = None
+) -> float:
+    """Seconds for ``k`` back-to-back calls of ``fn`` followed by one device synchronisation (or ``timer``'s)."""
+    if timer is not None:
+        return timer(fn, k)
     t0 = clock()
     for _ in range(k):
         fn()
     sync()
     return clock() - t0
+
+
+def event_timer(event: Callable[[], Any]) -> SampleTimer:
+    """A sample timer from device events: ``event()`` makes an event with ``record()``, ``synchronize()`` and
+    ``elapsed_time(other)`` in milliseconds (``torch.cuda.Event(enable_timing=True)``: ``launch.Dist`` passes it).
+    Both events are recorded on the current stream, around the k ops; the host waits for the second one only."""
+
+    def sample(fn: Callable[[], None], k: int) -> float:
+        start, end = event(), event()
+        start.record()
+        for _ in range(k):
+            fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1e3
+
+    return sample
 
 
 def calibrate(
@@ -43,6 +88,7 @@ def calibrate(
     clock: Clock = time.perf_counter,
     agree: Callable[[float], float] = _identity,
     barrier: Callable[[], None] = _noop,
+    timer: SampleTimer | None = None,
 ) -> int:
     """Smallest k (from a geometric search) whose sample lasts >= ``min_time_s`` on the slowest rank.
 
@@ -53,7 +99,7 @@ def calibrate(
     k = 1
     while True:
         barrier()
-        elapsed = agree(run_sample(fn, k, sync=sync, clock=clock))
+        elapsed = agree(run_sample(fn, k, sync=sync, clock=clock, timer=timer))
         if elapsed >= min_time_s or k >= max_iters:
             return k
         if elapsed <= 0:
@@ -133,6 +179,7 @@ def measure_rounds(
     min_new_rounds: int = 1,
     gap: Callable[[], None] | None = None,
     exchange_s: float = EXCHANGE_S,
+    timer: SampleTimer | None = None,
 ) -> Rounds:
     """Sample contenders in alternating rounds until each one's total time is precise enough.
 
@@ -147,6 +194,9 @@ def measure_rounds(
     With ``prior`` (an earlier pass over the same contenders), sampling continues it: its k are kept (no
     calibration), its rounds count towards ``min_rounds``, ``max_rounds`` and the interval, this call takes at
     least ``min_new_rounds`` rounds and ``budget_s`` is this call's own; the result holds every round of both.
+
+    With ``timer`` (``device_timer = "events"``), each sample's k ops are timed by it instead of ``clock`` and
+    ``sync`` (:func:`event_timer`); the barrier waits and the budget stay on ``clock``.
 
     With ``gap`` (isolated mode), a sample is one op after the barrier and ``gap()`` (compute), with no
     calibration (k = 1), and a round's value over ranks is their minimum (``Rounds.across_ranks``).
@@ -180,7 +230,7 @@ def measure_rounds(
             tuple(
                 min(max_iters, max(min_iters, calibrate(
                     fn, min_time_s=min_time_s, max_iters=max_iters, sync=sync, clock=clock, agree=agree,
-                    barrier=barrier,
+                    barrier=barrier, timer=timer,
                 )))
                 for fn in phases
             )
@@ -217,7 +267,7 @@ def measure_rounds(
                 wait += clock() - tb
                 if gap is not None:
                     gap()
-                values[c][p] = run_sample(fn, iters[c][p], sync=sync, clock=clock) / iters[c][p]
+                values[c][p] = run_sample(fn, iters[c][p], sync=sync, clock=clock, timer=timer) / iters[c][p]
         rounds += 1
         block.extend(v for row in values for v in row)
         block.append(wait)

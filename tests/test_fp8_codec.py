@@ -61,6 +61,15 @@ def ref_quantize(x: torch.Tensor, fmt: str, scaling: str, block: int) -> tuple[t
     return q, torch.tensor(scales or [1.0], dtype=torch.float32)
 
 
+def nan_blind(q: torch.Tensor, x: torch.Tensor, path: str) -> torch.Tensor:
+    """Codes with the sign bit of NaN *inputs* cleared on the torch path: the C kernel keeps a NaN's sign, the
+    vectorised torch path does not promise it (e4m3 encodes every NaN input as 0x7F, and CUDA arithmetic
+    returns a canonical NaN anyway). Every other code, +-inf included, must match exactly."""
+    if path != "torch":
+        return q
+    return torch.where(torch.isnan(x), q & 0x7F, q)
+
+
 def same_floats(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equal except that any NaN matches any NaN (payloads differ between paths)."""
     if not torch.equal(torch.isnan(a), torch.isnan(b)):
@@ -100,7 +109,7 @@ def test_quantize_bit_exact_against_torch_cast(path: str, fmt: str, scaling: str
         q, scales = fp8.quantize(x, fmt, scaling, block)
         rq, rs = ref_quantize(x, fmt, scaling, block)
         assert torch.equal(scales, rs), (name, path)
-        bad = (q != rq).nonzero().flatten()[:5]
+        bad = (nan_blind(q, x, path) != nan_blind(rq, x, path)).nonzero().flatten()[:5]
         assert bad.numel() == 0, (name, path, x[bad].tolist(), q[bad].tolist(), rq[bad].tolist())
 
 
@@ -249,7 +258,13 @@ def test_precision_names_and_options() -> None:
     ]:
         p = get_precision(name)
         codec = p.codec  # type: ignore[attr-defined]
-        assert (p.name, codec.scaling.name, codec.block, p.impl, p.nccl_type) == (canon, scaling, block, "fp8_bytes", "uint8")
+        assert (p.name, codec.scaling.name, codec.block, p.impl, p.nccl_type) == (
+            canon,
+            scaling,
+            block,
+            "fp8_bytes",
+            "uint8",
+        )
         assert p.input_dtype == torch.float32
     for bad in ("fp8_e4m3:block0", "fp8_e4m3:blockx", "fp8_e4m3:row", "fp8_e5m2:block-4"):
         with pytest.raises(ValueError, match="valid options"):

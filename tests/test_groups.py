@@ -38,6 +38,9 @@ def test_unusable_layouts_say_why() -> None:
     assert unusable(get_group_kind("intra"), one_node) is None
     assert "1 rank" in str(unusable(get_group_kind("inter"), one_node))
     assert "differ in size" in str(unusable(get_group_kind("intra"), ["a", "a", "a", "b", "b"]))
+    # a world of one rank (one GPU, as nccl-tests runs) is measurable; a group of one rank in a larger world is not
+    assert unusable(get_group_kind("world"), ["a"]) is None
+    assert "1 rank" in str(unusable(get_group_kind("inter"), ["a", "b", "b"]) or unusable(get_group_kind("intra"), ["a", "b", "b"]))
 
 
 def test_unknown_group_names_the_choices() -> None:

@@ -116,7 +116,16 @@ def test_node_reports_merge_and_show_in_the_report() -> None:
     assert rows["a"]["ranks"] == "0-1, 4" and rows["b"]["GPUs"] == "none"
     assert rows["b"]["ranks"] == "2-3 (cores 0-3 | 4-7)"
     assert "ib0 (400 Gbit/s)" in rows["a"]["NICs (speed where /sys/class/net says)"]
-    assert rows["a"]["NCCL_* / GLOO_* environment"] == "NCCL_IB_HCA=mlx5"
+    env = "communication environment (NCCL, TORCH_NCCL, GLOO, FI, UCX, OMPI_MCA, CUDA)"
+    assert rows["a"][env] == "NCCL_IB_HCA=mlx5"
+    per_rank_col = "each rank's GPU (PCI bus) and NCCL transport (--nccl-debug)"
+    assert rows["a"][per_rank_col] == "-"  # a run that recorded neither
+    merged[0]["rank_gpus"] = [{"pci_bus_id": "00000000:1B:00.0"}, None, {"uuid": "GPU-4"}]
+    merged[0]["rank_transports"] = ["NVLS, P2P/CUMEM", None, "P2P/CUMEM"]
+    table = nodes_table({"node_reports": merged})
+    assert table is not None
+    row = dict(zip(table.columns, table.rows[0], strict=True))
+    assert row[per_rank_col] == "0: 00000000:1B:00.0 NVLS, P2P/CUMEM | 4: GPU-4 P2P/CUMEM"
     (t,) = topology_tables({"node_reports": merged})
     assert t.columns == ["", "GPU0", "GPU1", "CPU Affinity"] and t.rows[0] == ["GPU0", "X", "NV18", "0-55"]
     assert nodes_table({}) is None

@@ -227,8 +227,17 @@ def test_ranks_exchange_values_once_per_block_of_rounds_not_after_every_round() 
             sizes.append((len(v) - 1) // 2)  # rounds in this block: (op, wait) each, then the elapsed time
             return [v]
 
-        r = _rounds(c, [[c.op]], min_iters=1, min_time_s=1e-3, gather=gather, min_rounds=6, max_rounds=50,
-                    ci=lambda xs: 1.0, exchange_s=exchange_s)  # fmt: skip  (never precise: runs to max_rounds)
+        r = _rounds(
+            c,
+            [[c.op]],
+            min_iters=1,
+            min_time_s=1e-3,
+            gather=gather,
+            min_rounds=6,
+            max_rounds=50,
+            ci=lambda xs: 1.0,
+            exchange_s=exchange_s,
+        )  # fmt: skip  (never precise: runs to max_rounds)
         return sizes, r
 
     sizes, r = run(0.01)
@@ -243,3 +252,69 @@ def test_a_precise_point_stops_at_the_first_allowed_test_whatever_the_block() ->
     r = _rounds(c, [[c.op]], min_iters=1, min_time_s=1e-3, min_rounds=6, max_rounds=50, target_rel_ci=0.5,
                 exchange_s=10.0)  # fmt: skip
     assert r.rounds == 6 and r.converged
+
+
+# --- device timer: CUDA events (a fake event class on CPU) -----------------------------------------------------
+
+
+class FakeDevice:
+    """A device stream: each op queues ``op_s`` of device work; the host clock moves only by ``host_s`` per op
+    (the launch), so the host clock alone, without a synchronize, would see launches and not the work."""
+
+    def __init__(self, op_s: float, host_s: float) -> None:
+        self.host = FakeClock(host_s)
+        self.device_t = 0.0  # when the stream's last queued work finishes
+        self.op_s = op_s
+
+    def op(self) -> None:
+        self.host.op()
+        self.device_t = max(self.device_t, self.host.t) + self.op_s
+
+
+class FakeEvent:
+    """``torch.cuda.Event(enable_timing=True)``'s interface: ``record`` stamps the stream's position, elapsed in ms."""
+
+    def __init__(self, dev: FakeDevice, log: list[str]) -> None:
+        self.dev, self.log, self.at = dev, log, None
+
+    def record(self) -> None:
+        self.log.append("record")
+        self.at = max(self.dev.device_t, self.dev.host.t)
+
+    def synchronize(self) -> None:
+        self.log.append("synchronize")
+        self.dev.host.t = max(self.dev.host.t, self.at)
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.at is not None and end.at is not None
+        return (end.at - self.at) * 1e3
+
+
+def test_event_timer_times_the_device_work_of_k_ops() -> None:
+    from commbench.timing import event_timer
+
+    dev, log = FakeDevice(op_s=1e-3, host_s=1e-5), []
+    timer = event_timer(lambda: FakeEvent(dev, log))
+    t = timer(dev.op, 20)
+    # the device's 20 ms plus the first launch (the device was idle at the first event); the other 19 launches
+    # hide behind the work queued before them. A host clock without a synchronize would read 20 launches, 0.2 ms.
+    assert t == pytest.approx(20 * 1e-3 + 1e-5) and dev.host.calls == 20
+    assert log == ["record", "record", "synchronize"]  # one host wait per sample, after the second event
+    syncs = itertools.count()
+    # run_sample with a timer uses neither the host clock nor sync
+    t2 = run_sample(dev.op, 5, sync=lambda: next(syncs), clock=lambda: 1 / 0, timer=timer)
+    assert t2 == pytest.approx(5e-3 + 1e-5) and next(syncs) == 0
+
+
+def test_rounds_with_the_event_timer_report_device_time_per_op() -> None:
+    from commbench.timing import event_timer, measure_rounds
+
+    dev, log = FakeDevice(op_s=2e-4, host_s=1e-6), []
+    r = measure_rounds(
+        [[dev.op]], warmup=1, min_time_s=0.01, min_iters=1, max_iters=1000, min_rounds=6, max_rounds=6,
+        target_rel_ci=0.5, budget_s=1e9, clock=dev.host, timer=event_timer(lambda: FakeEvent(dev, log)),
+    )  # fmt: skip
+    # calibration on the events: at least 0.01 s / 2e-4 s per op = 50 ops (on the host's launches alone, 1 us
+    # each, k would run to max_iters)
+    assert 50 <= r.iters[0][0] < 100
+    assert r.per_sample(0, 0) == pytest.approx([2e-4] * 6, rel=1e-3)

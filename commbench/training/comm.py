@@ -22,9 +22,11 @@ Gloo implements `reduce_scatter_tensor` as an all_reduce of the whole input foll
 copy, so on gloo the real wire bytes of a reduce_scatter are 2(n-1)/n * input, not (n-1)/n * input.
 `wire_bytes()` reports that backend-specific figure next to the nominal one.
 
-Timed mode (`with counter.timed(sync=...):`) also measures how long each counted collective takes: the call is
-made synchronous (its returned Work is waited on, then `sync` waits for the device) and its wall time appended
-to `durations`, in call order. Every rank then holds one duration per call of the same sequence; a rank that
+Timed mode (`with counter.timed(sync=...):`) also measures how long each counted collective takes: `sync` waits
+for the device before the clock starts (so compute still queued on the stream is not counted as communication),
+the call is made synchronous (its returned Work is waited on, then `sync` waits for the device again) and the
+clock stops; its wall time is appended to `durations`, in call order. `sync` is the caller's device
+synchronisation (`launch.Dist.sync`); this module never asks which device it runs on. Every rank then holds one duration per call of the same sequence; a rank that
 arrived early spent part of its duration waiting for a peer, so the collective's own time is the smallest
 duration over ranks (the last to arrive waited least). `comm_time_per_step` turns every rank's durations into
 one communication time per step. Synchronous calls forgo overlap: the figure is the no-overlap sum of the
@@ -252,6 +254,7 @@ class CommCounter:
                 if timing is None:
                     return orig(*args, **kwargs)
                 sync, clock = timing
+                sync()  # compute queued before the call (forward, backward) is not communication
                 t0 = clock()
                 work = orig(*args, **kwargs)
                 if work is not None and hasattr(work, "wait"):
@@ -296,7 +299,8 @@ class CommCounter:
     # -- control -------------------------------------------------------------------------------
     def timed(self, sync: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter) -> _Timed:
         """Context manager: counted calls inside are made synchronous and their durations appended to
-        `durations` (`sync` waits for the device after each; `clock` in seconds). Bytes are counted as before."""
+        `durations` (`sync` waits for the device before the clock starts and after the call; `clock` in seconds).
+        Bytes are counted as before."""
         return _Timed(self, sync, clock)
 
     def reset(self) -> None:

@@ -17,8 +17,17 @@ completes it (gloo: a worker thread), while DDP may already be calling the hook 
 must issue collectives on a group in the same order, so the launches take tickets: bucket k's gather goes
 before bucket k+1's exchange, on every rank. DDP launches buckets in index order, so the hook for bucket k+1
 waits (if at all) only until bucket k's exchange has arrived and its gather is on its way.
+
+Streams. On NCCL a work's future completes on the host when the kernel is queued, not when its output is
+written; only that future's own ``wait()`` orders the current stream after the kernel. So each stage waits
+on every work future it launched before it reads their buffers (never on a ``collect_all`` of them, which
+carries no CUDA events), decodes on a stream from torch's pool rather than DDP's compute stream, and
+completes a result future made for the bucket's device, whose ``set_result`` records the event DDP waits
+on. Every reduction in flight owns its buffers. ``tests/test_hook_streams.py`` checks this on CPU with a
+fake collective whose future is complete at launch while its output lands later.
 """
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -99,68 +108,158 @@ class _Tickets:
                 self._cv.notify_all()
 
 
-def _done(works: list[Any]) -> torch.futures.Future[Any]:
-    futs = [w.get_future() for w in works]
-    return futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)
+_Devices = list[int | str | torch.device]
+"""What ``torch.futures.Future(devices=...)`` takes."""
+
+
+def _stream_devices(t: torch.Tensor) -> _Devices:
+    """The devices a future holding ``t`` records events on: ``t``'s own when it has an index, else none.
+
+    torch's Future accepts only indexed devices ("Expected devices to have indices"); an accelerator tensor
+    always carries its index and a CPU tensor never does (a Future given ``cpu:0`` completes, but its ``then``
+    asks the CPU for a pool stream and raises). So the rule needs no device-type test."""
+    return [t.device] if t.device.index is not None else []
+
+
+def _when_complete(works: list[Any], devices: _Devices, stage: Callable[[list[Any]], None]) -> None:
+    """Run ``stage(futures)`` once every work's future has completed on the host; ``stage`` must ``wait()``
+    each future before it reads that work's output.
+
+    Why the waits. An NCCL work's future completes on the host as soon as the kernel is queued: ProcessGroupNCCL
+    marks it completed at enqueue under a guard on its NCCL stream (``collective()``: ``work->future_ =
+    make_intrusive<Future>(..., devices); work->future_->markCompleted(...)``), which records events there, and
+    ``Future.wait()`` then "insert[s] the necessary instructions in the current streams to ensure that further
+    operations enqueued on those streams will be properly scheduled after the async kernels" (torch.futures
+    docs; c10 ``synchronizeWithCurrentStreams``: ``event.block(current stream)``), without blocking the host.
+    ``torch.futures.collect_all`` gives no such guarantee: its combined future is built without devices ("No
+    need to pass devices, because dstFuture won't directly contain the value", c10 ``collectAll`` in
+    ivalue.cpp), so it records no events and neither its ``wait()`` nor its ``then`` callbacks order anything
+    after the kernels. It is used here only for the host-side "all launched works are done" signal.
+
+    Where the stage runs. Its callback hangs off a future of the bucket's devices, so on CUDA it runs with a
+    stream from torch's pool as current ("the callback will be invoked with some dedicated streams set as
+    current (fetched from a global pool)", ``Future.then`` docs; c10 ``invokeCallback``): decoding waits on
+    NCCL on that side stream, never holding the compute stream that DDP's backward runs on (torch's own
+    compression hooks decompress in ``then`` callbacks of the work's future for the same reason). That
+    future's value holds no tensor, so the callback inherits no event: the stage's own ``wait()`` calls
+    order it. On CPU the callback runs on the thread that completed the last work (gloo: a worker thread)."""
+    futures = [w.get_future() for w in works]
+    ready: torch.futures.Future[None] = torch.futures.Future(devices=devices)
+    ready.then(lambda _: stage(futures))
+    # An inner error also completes the combined future; the stage's wait() on that future raises it.
+    torch.futures.collect_all(futures).add_done_callback(lambda _: ready.set_result(None))
+
+
+def _wait_each(futures: list[Any]) -> None:
+    """Order the current stream after every future's kernels (on the host: block until each is complete)."""
+    for f in futures:
+        f.wait()
+
+
+def _fail(result: torch.futures.Future[Any], error: Exception) -> None:
+    # torch's stub types set_exception's argument as the future's value type (it takes an exception)
+    result.set_exception(error)  # type: ignore[arg-type]
+
+
+class _Slot:
+    """A chunked all_reduce op with its buffers, and the result future of its latest use."""
+
+    __slots__ = ("op", "last")
+
+    def __init__(self, op: ChunkedAllReduce) -> None:
+        self.op = op
+        self.last: torch.futures.Future[torch.Tensor] | None = None
+
+    def free(self) -> bool:
+        return self.last is None or self.last.done()
 
 
 class _CodecReducer:
-    """State of one codec hook: a chunked all_reduce op per bucket (buffers reused across steps) and tickets."""
+    """State of one codec hook: chunked all_reduce ops (buffers reused across steps) and tickets.
+
+    Each in-flight reduction owns its op and every buffer the op holds (input, wire, received, output): a slot
+    is taken only when its previous use has completed on the host, else a new one is made (DDP reduces a bucket
+    once per step, so that is one op per bucket). Before reusing a slot, the current stream waits on the
+    previous use's result future, so on CUDA no write of the new use overtakes a kernel of the old one even if
+    a caller did not wait on it."""
 
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
         self.tickets = _Tickets()
-        self.ops: dict[tuple[int, int, torch.device, int], ChunkedAllReduce] = {}
+        self.slots: dict[tuple[int, int, torch.device, int], list[_Slot]] = {}
+        self._lock = threading.Lock()  # slots are returned from callbacks on other threads
 
-    def _op(self, bucket: dist.GradBucket, group: Any) -> ChunkedAllReduce:
+    def _take(
+        self, bucket: dist.GradBucket, group: Any, result: torch.futures.Future[torch.Tensor]
+    ) -> ChunkedAllReduce:
+        """A free op for ``bucket``, marked in use until ``result`` completes."""
         buffer = bucket.buffer()
         key = (bucket.index(), buffer.numel(), buffer.device, id(group))
-        op = self.ops.get(key)
-        if op is None:
-            op = ChunkedAllReduce(
-                self.codec, buffer.numel(), group, buffer.device, packed=False, gather_by_all_to_all=False
-            )
-            self.ops[key] = op
-        return op
+        with self._lock:
+            slots = self.slots.setdefault(key, [])
+            slot = next((s for s in slots if s.free()), None)
+            if slot is None:
+                op = ChunkedAllReduce(
+                    self.codec, buffer.numel(), group, buffer.device, packed=False, gather_by_all_to_all=False
+                )
+                slot = _Slot(op)
+                slots.append(slot)
+            previous, slot.last = slot.last, result
+        if previous is not None:
+            # Complete on the host (the slot was free); on CUDA the current stream waits on its decode. A use
+            # that failed has no events, and its error already went to its own caller.
+            with contextlib.suppress(Exception):
+                previous.wait()
+        return slot.op
 
     def __call__(self, group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         group_to_use = group if group is not None else dist.group.WORLD
         n = dist.get_world_size(group_to_use)
         buffer = bucket.buffer()
-        op = self._op(bucket, group_to_use)
-        op.load(buffer)
-        op.x.div_(n)  # mean, like the other hooks (the zero pad stays zero)
-        op.encode()
+        devices = _stream_devices(buffer)
+        # set_result records an event on the stream that decoded (CUDA), which DDP's wait() then orders after.
+        result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
+        op = self._take(bucket, group_to_use, result)
+        try:
+            op.load(buffer)
+            op.x.div_(n)  # mean, like the other hooks (the zero pad stays zero)
+            op.encode()
+        except Exception as e:  # before any ticket: nothing launched, the op is free again
+            _fail(result, e)
+            return result
         first, second = self.tickets.take(), self.tickets.take()
-        result: torch.futures.Future[torch.Tensor] = torch.futures.Future(
-            devices=[buffer.device] if buffer.device.type == "cuda" else None
-        )
 
-        def gathered(fut: torch.futures.Future[Any]) -> None:
+        def gathered(futures: list[Any]) -> None:
             try:
-                fut.wait()
+                _wait_each(futures)
                 op.decode()
                 buffer.copy_(op.result())
                 result.set_result(buffer)
             except Exception as e:  # a callback's exception would be lost: hand it to DDP's future
-                result.set_exception(e)
+                _fail(result, e)
 
-        def exchanged(fut: torch.futures.Future[Any]) -> None:
-            launched = False
+        def exchanged(futures: list[Any]) -> None:
             try:
-                fut.wait()
+                _wait_each(futures)
                 op.reencode()
-                works = self.tickets.issue(second, lambda: op.gather(async_op=True))
-                launched = True
-                _done(works).then(gathered)
             except Exception as e:
-                if not launched:
-                    self.tickets.issue(second, list)  # keep the ticket order moving
-                result.set_exception(e)
+                self.tickets.issue(second, list)  # the gather's ticket still goes, keeping the order moving
+                _fail(result, e)
+                return
+            try:  # a launch that raises has used its ticket (issue advances it either way)
+                works = self.tickets.issue(second, lambda: op.gather(async_op=True))
+                _when_complete(works, devices, gathered)
+            except Exception as e:
+                _fail(result, e)
 
-        works = self.tickets.issue(first, lambda: op.exchange(async_op=True))
-        # Attached after the launch returned: a future already complete (NCCL) runs the callback right here.
-        _done(works).then(exchanged)
+        try:
+            works = self.tickets.issue(first, lambda: op.exchange(async_op=True))
+        except Exception as e:
+            self.tickets.issue(second, list)
+            _fail(result, e)
+            return result
+        # Attached after the launch returned: with NCCL (futures complete at enqueue) the stages run right here.
+        _when_complete(works, devices, exchanged)
         return result
 
 
@@ -183,7 +282,9 @@ def codec_hook_bytes(codec_name: str, bucket_numels: Sequence[int], n: int) -> d
         return out
     codec = get_codec(codec_name)
     for numel in bucket_numels:
-        for coll, dtype, size in ChunkedAllReduce.stage_bytes(codec, numel, n, packed=False, gather_by_all_to_all=False):
+        for coll, dtype, size in ChunkedAllReduce.stage_bytes(
+            codec, numel, n, packed=False, gather_by_all_to_all=False
+        ):
             key = _key(coll.name, dtype)
             out[key] = out.get(key, 0.0) + coll.bus_factor(n) * size
     return out

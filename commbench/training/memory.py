@@ -2,14 +2,20 @@
 
 The analytic model-state bytes ("model_state_bytes") are the policy's strategies' formula
 (`Policy.state_bytes`, see `strategies.py`: ZeRO's P + G + K per parameter, partitioned per sharding).
-Measured ("peak_mem_bytes", labelled by "peak_mem_kind"), on the last warm-up step (never a timed one):
-  cuda_allocator: `torch.cuda.max_memory_allocated` over the step.
+Measured ("peak_mem_bytes", labelled by "peak_mem_kind"), on the last warm-up step (never a timed one), as the
+growth over a baseline (`memory_baseline()`) taken right before the policy builds its model, after `gc.collect()`
+(on CUDA also `empty_cache()` and `reset_peak_memory_stats()`): what the sweep or earlier policies still hold
+is in the baseline, so it does not land in every policy's peak.
+  cuda_allocator: `torch.cuda.max_memory_allocated` over the step (peak statistics reset just before it)
+                  minus `memory_allocated` at the baseline.
   cpu_heap:       growth of the C heap's in-use bytes (glibc `mallinfo2`: uordblks + hblkhd) from
-                  just before the model was built (`heap_in_use()`, after a gc) to the step's peak,
-                  sampled after every aten op. It counts everything the policy holds -- parameters,
-                  DDP buckets, optimizer state, FSDP's unsharded parameters (storages resized outside
-                  the dispatcher, which torch's MemTracker misses), activations, comm buffers.
-  cpu_memtracker: fallback without glibc: torch's MemTracker (`torch.distributed._tools.mem_tracker`).
+                  the baseline to the step's peak, sampled after every aten op. It counts everything the policy
+                  holds -- parameters, DDP buckets, optimizer state, FSDP's unsharded parameters (storages
+                  resized outside the dispatcher, which torch's MemTracker misses), activations, comm buffers.
+  cpu_memtracker: fallback without glibc: torch's MemTracker (`torch.distributed._tools.mem_tracker`), which
+                  counts only the tensors of the model and optimizer it tracks, so it needs no baseline.
+The device-specific calls live in one place, the meters `_meter()` picks (`_CudaAllocator`, `_CpuHeap`,
+`_CpuMemTracker`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import gc
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -104,34 +111,101 @@ class _HeapPeak(TorchDispatchMode):
         return out
 
 
-def heap_in_use() -> int | None:
-    """The C heap's in-use bytes now (glibc), or None where glibc's mallinfo2 is not available."""
+@dataclass(frozen=True, slots=True)
+class MemoryBaseline:
+    """Bytes in use on a rank's device right before a policy starts, after releasing what can be released."""
+
+    kind: str
+    """The `peak_mem_kind` a measurement against this baseline reports."""
+    in_use: int
+    """Bytes in use at the baseline (0 for a meter that counts only what it tracks)."""
+
+
+class _CudaAllocator:
+    """The CUDA caching allocator's statistics for one device."""
+
+    kind = "cuda_allocator"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def baseline(self) -> int:
+        # Blocks freed while another stream still used them (record_stream: NCCL, FSDP) return to the allocator
+        # once that stream's events complete: after the synchronize, empty_cache can release them.
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def peak(self, step: Callable[[], None], model: nn.Module, optimizer: Any) -> int:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)  # the step's own peak, not the build's
+        step()
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+
+class _CpuHeap:
+    """glibc's heap statistics, sampled after every aten op of the step."""
+
+    kind = "cpu_heap"
+
+    def __init__(self, in_use: Callable[[], int]) -> None:
+        self.in_use = in_use
+
+    def baseline(self) -> int:
+        return self.in_use()
+
+    def peak(self, step: Callable[[], None], model: nn.Module, optimizer: Any) -> int:
+        with _HeapPeak(self.in_use) as sampler:
+            step()
+        return sampler.peak
+
+
+class _CpuMemTracker:
+    """torch's MemTracker: counts only the model's and optimizer's tensors, so its baseline is zero."""
+
+    kind = "cpu_memtracker"
+
+    def baseline(self) -> int:
+        return 0
+
+    def peak(self, step: Callable[[], None], model: nn.Module, optimizer: Any) -> int:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(model, getattr(optimizer, "optim", optimizer))
+        with tracker:
+            step()
+        snap = tracker.get_tracker_snapshot("peak")
+        return int(sum(v.get("Total", 0) for v in snap.values()))
+
+
+def _meter(device: torch.device) -> _CudaAllocator | _CpuHeap | _CpuMemTracker:
+    """The one place that decides, by device, how memory is measured."""
+    if device.type == "cuda":
+        return _CudaAllocator(device)
+    if _HEAP_IN_USE is not None:
+        return _CpuHeap(_HEAP_IN_USE)
+    return _CpuMemTracker()
+
+
+def memory_baseline(device: torch.device) -> MemoryBaseline:
+    """Release what the process no longer needs (garbage cycles such as a dropped DDP model, the CUDA allocator's
+    cached blocks) and read what is still in use: the zero of the next policy's peak."""
     gc.collect()
-    return _HEAP_IN_USE() if _HEAP_IN_USE is not None else None
+    meter = _meter(device)
+    return MemoryBaseline(meter.kind, meter.baseline())
 
 
 def measure_step_memory(
-    step: Callable[[], None], model: nn.Module, optimizer: Any, device: torch.device, heap_base: int | None
+    step: Callable[[], None], model: nn.Module, optimizer: Any, device: torch.device, baseline: MemoryBaseline
 ) -> tuple[int, str]:
-    """Run `step` once under a memory measurement; return (peak bytes, kind label).
+    """Run `step` once under a memory measurement; return (peak bytes over `baseline`, kind label).
 
-    `heap_base` is `heap_in_use()` taken before the model was built (CPU only).
+    `baseline` is `memory_baseline(device)`, taken before the policy built its model.
     """
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device)), "cuda_allocator"
-    if _HEAP_IN_USE is not None and heap_base is not None:
-        with _HeapPeak(_HEAP_IN_USE) as sampler:
-            step()
-        return int(max(0, sampler.peak - heap_base)), "cpu_heap"
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
-    tracker.track_external(model, getattr(optimizer, "optim", optimizer))
-    with tracker:
-        step()
-    peak = tracker.get_tracker_snapshot("peak")
-    return int(sum(v.get("Total", 0) for v in peak.values())), "cpu_memtracker"
+    meter = _meter(device)
+    if meter.kind != baseline.kind:
+        raise ValueError(f"memory baseline of kind {baseline.kind!r} cannot measure a {meter.kind!r} peak on {device}")
+    return int(max(0, meter.peak(step, model, optimizer) - baseline.in_use)), meter.kind

@@ -9,8 +9,21 @@ the bus bytes counted by `CommCounter`. The step clock covers forward, backward 
 communication) and the optimizer step; the gradient statistics run after the clock stops and their
 cross-rank reductions are deferred to the end of the policy, so instrumentation adds no collective
 to a step. The last warm-up step carries the memory measurement (its sampler slows the step, so it
-is never a timed step). On CPU two untimed fp32 steps first prime the process, so one-time
+is never a timed step); it is the growth over a baseline taken right before the model is built
+(`memory.memory_baseline`). On CPU two untimed fp32 steps first prime the process, so one-time
 allocations are not charged to the first policy's memory.
+
+A policy that fails on some ranks only (an out-of-memory, say) must not leave the others inside a collective
+until the watchdog fires. Its work is split into phases separated by agreement points (`agree`): building the
+model, wrapping it, the forward of every untimed step (warm-up and timed comm steps: before the backward's
+gradient collectives), every step, and the final reduction. Each rank catches its own exception and reaches the
+next agreement point, where the ranks all-reduce a failure flag (uncounted; outside the step clock) and, if any
+rank failed, gather the errors: every rank raises `PolicyFailed` naming each failing rank and its error, drops
+the policy's model (DDP/FSDP objects, then `gc.collect()`) and goes on with the next policy. This holds for
+failures before a rank's collectives of a phase (allocations, model build, the forward under DDP, a local
+optimizer step); a rank that fails between two collectives of one phase (inside FSDP's forward, say) still
+leaves its peers waiting, which only the collective timeout ends. A measured step agrees after its clock stopped;
+the agreement inside a warm-up step is in that step's time (its row has warmup=True and enters no summary).
 
 After the measured steps, `comm_timed_steps` extra steps run with every collective made synchronous and timed
 (`CommCounter.timed`): per call the minimum duration over ranks, summed per step, median over those steps is
@@ -31,13 +44,16 @@ against.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import json
 import math
 import socket
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -48,10 +64,89 @@ from commbench.records import TrainingStep, TrainingSummary
 from commbench.training import pitfalls as pitfalls_mod
 from commbench.training.comm import CommCounter, comm_time_per_step, dtype_name, wire_bytes
 from commbench.training.config import TrainingConfig
-from commbench.training.memory import heap_in_use, measure_step_memory
+from commbench.training.memory import measure_step_memory, memory_baseline
 from commbench.training.models import build_model, loss_fn, make_batch, param_count, tokens_per_sample
 from commbench.training.policies import BASELINE, Policy, get_policy
 from commbench.training.strategies import UNDERFLOW, FsdpUnit, Layout, autocast
+
+T = TypeVar("T")
+
+# --- agreeing on failures across ranks -----------------------------------------------------------------
+
+_SHOWN_ERRORS = 3  # distinct errors named in a PolicyFailed message; the rest are counted
+_ERROR_CHARS = 400  # a CUDA out-of-memory message is ~350 characters
+
+
+class PolicyFailed(RuntimeError):
+    """Some ranks failed a phase of a policy; raised on every rank at the same agreement point.
+
+    `failures`: (rank, error) of each failing rank, the error naming the phase it failed in on that rank.
+    """
+
+    def __init__(self, failures: Sequence[tuple[int, str]]) -> None:
+        self.failures = list(failures)
+        by_error: dict[str, list[int]] = {}
+        for rank, error in self.failures:
+            by_error.setdefault(error, []).append(rank)
+        parts = [f"{_ranks(ranks)}: {error}" for error, ranks in list(by_error.items())[:_SHOWN_ERRORS]]
+        rest = sum(len(ranks) for ranks in list(by_error.values())[_SHOWN_ERRORS:])
+        if rest:
+            parts.append(f"{rest} more rank{'s' if rest > 1 else ''} with other errors")
+        super().__init__("; ".join(parts))
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """ "rank 1", "ranks 0-3, 6": consecutive ranks as ranges (a large world's failures stay one short line)."""
+    spans: list[list[int]] = []
+    for r in sorted(ranks):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
+
+
+def _describe(exc: BaseException, phase: str) -> str:
+    message = " ".join(str(exc).split())
+    if len(message) > _ERROR_CHARS:
+        message = message[: _ERROR_CHARS - 3] + "..."
+    return f"{type(exc).__name__}: {message} ({phase})" if message else f"{type(exc).__name__} ({phase})"
+
+
+def agree(error: str | None, device: torch.device, counter: CommCounter | None = None) -> None:
+    """An agreement point: every rank says whether it failed (`error`, or None); if any did, every rank raises
+    `PolicyFailed` naming them. Two collectives when one failed, one otherwise, on the default group; not counted
+    by `counter`. Every rank must reach it after the same collectives (see the module docstring)."""
+    flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=device)
+    with counter.paused() if counter is not None else contextlib.nullcontext():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not int(flag.item()):
+            return
+        errors: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+    raise PolicyFailed([(rank, str(e)) for rank, e in enumerate(errors) if e is not None])
+
+
+def agreed(phase: str, fn: Callable[[], T], device: torch.device, counter: CommCounter | None = None) -> T:
+    """Run one phase of a policy, `fn`, then `agree` on whether it failed anywhere: its result when it failed
+    nowhere, else `PolicyFailed` on every rank. A `PolicyFailed` from an agreement point inside `fn` passes
+    through (already agreed)."""
+    result, error = _attempt(fn, phase)
+    agree(error, device, counter)
+    return result  # type: ignore[return-value]  # None only where `agree` raised
+
+
+def _attempt(fn: Callable[[], T], phase: str) -> tuple[T | None, str | None]:
+    # The exception is turned into text here so nothing keeps its traceback, whose frames hold the policy's
+    # model (and, on a GPU, its memory) after the policy is abandoned.
+    try:
+        return fn(), None
+    except PolicyFailed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever stops a policy on one rank is agreed, then skips it
+        return None, _describe(exc, phase)
+
 
 # --- one policy --------------------------------------------------------------------------------------
 
@@ -130,6 +225,7 @@ def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: 
 
 
 def _sync(device: torch.device) -> None:
+    """The default device synchronisation where the caller passes none (`launch.Dist.sync` is the run's)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -215,25 +311,34 @@ class PolicySession:
     """
 
     def __init__(
-        self, policy: Policy, section: TrainingConfig, device: torch.device, nodes: Nodes | None = None
+        self,
+        policy: Policy,
+        section: TrainingConfig,
+        device: torch.device,
+        nodes: Nodes | None = None,
+        sync: Callable[[], None] | None = None,
     ) -> None:
         self.policy, self.section, self.device = policy, section, device
         self.rank, self.n = dist.get_rank(), dist.get_world_size()
         self.nodes = nodes or Nodes((0,) * self.n)
         self.backend = str(dist.get_backend())
-        self.heap_base = heap_in_use() if device.type == "cpu" else None
-        model = build_model(section)
-        self.psi = param_count(model)
+        self.sync: Callable[[], None] = sync if sync is not None else functools.partial(_sync, device)
+        """Waits for the device: around the step clock and each timed collective."""
+        self.counter = CommCounter(self.nodes.node_of_rank)
         self.notes: list[str] = []
         self.pitfalls: list[str] = []
-        self.w = _wrap(policy, model, device, float(section.lr), self.n, self.nodes)
+        # Building allocates (an out-of-memory on one rank is agreed before any collective); wrapping is
+        # DDP's / FSDP's first collectives.
+        model = self.agreed("building the model", self._build)
+        self.w = self.agreed(
+            "wrapping the model", lambda: _wrap(policy, model, device, float(section.lr), self.n, self.nodes)
+        )
         self.notes.extend(policy.grad_comm.notes())
         if policy.autocast is not None and device.type == "cpu":
             self.notes.append(_cpu_autocast_note(policy.autocast))
         self.pitfalls.extend(policy.pitfalls())
         self.mult = float(section.loss_multiplier)
         self.warmup = int(section.warmup_steps)
-        self.counter = CommCounter(self.nodes.node_of_rank)
         self.bn: _BNInspector | None = _BNInspector(self.w.model)
         self.grad_dtype_pairs: set[tuple[torch.dtype, torch.dtype]] = set()
         self.peak_mem, self.peak_kind = math.nan, "none"
@@ -247,15 +352,32 @@ class PolicySession:
         self._durations: list[list[float]] = []  # per timed comm step: this rank's seconds per collective
         self._timed_bytes: list[dict[str, float]] = []  # per timed comm step: bus bytes by "op:dtype"
 
+    def _build(self) -> nn.Module:
+        self.mem_base = memory_baseline(self.device)  # after the previous policy's model is gone
+        model = build_model(self.section)
+        self.psi = param_count(model)
+        return model.to(self.device)
+
+    def agreed(self, phase: str, fn: Callable[[], T]) -> T:
+        """`fn` as one phase of this policy, agreed across ranks (module `agreed`), uncounted."""
+        return agreed(phase, fn, self.device, self.counter)
+
     def _autocast(self) -> Any:
         return autocast(self.policy.autocast, self.device)
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Forward, backward (with the gradient communication), optimizer step. Returns the detached loss."""
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, *, agree_forward: str | None = None) -> torch.Tensor:
+        """Forward, backward (with the gradient communication), optimizer step. Returns the detached loss.
+
+        `agree_forward` (a phase name): the forward is agreed across ranks before the backward starts its
+        gradient collectives (an agreement point inside the step: untimed steps only)."""
         w = self.w
-        with self._autocast():
-            logits = w.model(x)
-        loss = loss_fn(logits, y)
+
+        def forward() -> torch.Tensor:
+            with self._autocast():
+                logits = w.model(x)
+            return loss_fn(logits, y)
+
+        loss = forward() if agree_forward is None else self.agreed(agree_forward, forward)
         if w.scaler is not None:
             w.scaler.scale(loss * self.mult).backward()
             w.scaler.step(w.optimizer)
@@ -271,23 +393,31 @@ class PolicySession:
         self.train_step(x, y)
         self.w.optimizer.zero_grad(set_to_none=True)
 
-    def instrumented_step(self, s: int, *, measure_memory: bool = False, numerics: bool = True) -> None:
-        """One step with its clock (or the memory measurement), comm bytes and gradient statistics."""
+    def instrumented_step(
+        self, s: int, *, measure_memory: bool = False, numerics: bool = True, agree_forward: bool = False
+    ) -> None:
+        """One step with its clock (or the memory measurement), comm bytes and gradient statistics.
+        `agree_forward`: agree on the forward across ranks (`train_step`; not for a step whose time is reported)."""
         w, device = self.w, self.device
         x, y = make_batch(self.section, self.rank, s, device)
         scale_before = w.scaler.get_scale() if w.scaler is not None else 1.0
         box: list[torch.Tensor] = []
         self.counter.reset()
+        phase = f"the forward of step {s}" if agree_forward else None
         if measure_memory:
             self.peak_mem, self.peak_kind = measure_step_memory(
-                lambda: box.append(self.train_step(x, y)), w.model, w.optimizer, device, self.heap_base
+                lambda: box.append(self.train_step(x, y, agree_forward=phase)),
+                w.model,
+                w.optimizer,
+                device,
+                self.mem_base,
             )
             elapsed = math.nan
         else:
-            _sync(device)
+            self.sync()
             t0 = time.perf_counter()
-            box.append(self.train_step(x, y))
-            _sync(device)
+            box.append(self.train_step(x, y, agree_forward=phase))
+            self.sync()
             elapsed = (time.perf_counter() - t0) * 1e6
         comm, links = self.counter.snapshot(), self.counter.snapshot_links()
         if self.bn is not None:  # one step is enough to see which dtypes BatchNorm runs in
@@ -299,25 +429,33 @@ class PolicySession:
         self._times.append(elapsed)
         self._meta.append((s, scale_after < scale_before, comm, links))
 
-    def timed_comm_step(self, s: int) -> None:
+    def timed_comm_step(self, s: int, *, agree_forward: bool = False) -> None:
         """An extra step, after the measured ones, with every collective synchronous and timed
-        (`CommCounter.timed`): its durations make `comm_time_us`; it adds no row and no step time."""
+        (`CommCounter.timed`, with this session's `sync`): its durations make `comm_time_us`; it adds no row and
+        no step time. `agree_forward`: agree on the forward across ranks (an uncounted, untimed collective)."""
         x, y = make_batch(self.section, self.rank, s, self.device)
         self.counter.reset()
-        with self.counter.timed(sync=lambda: _sync(self.device)):
-            self.train_step(x, y)
+        with self.counter.timed(sync=self.sync):
+            self.train_step(x, y, agree_forward=f"the forward of timed comm step {s}" if agree_forward else None)
         self.w.optimizer.zero_grad(set_to_none=True)
         self._durations.append(list(self.counter.durations))
         self._timed_bytes.append(self.counter.snapshot())
 
-    def _comm_time(self, notes: list[str], measured: dict[str, float]) -> stats.Estimate | None:
-        """Median over the timed comm steps of the step's communication time, microseconds (gathers the
-        durations: one uncounted collective)."""
+    def _gather_durations(self) -> list[Any] | None:
+        """Every rank's timed-comm durations (one uncounted collective; none without timed comm steps)."""
         if not self._durations:
             return None
         gathered: list[Any] = [None] * self.n
         with self.counter.paused():
             dist.all_gather_object(gathered, self._durations)
+        return gathered
+
+    def _comm_time(
+        self, gathered: list[Any] | None, notes: list[str], measured: dict[str, float]
+    ) -> stats.Estimate | None:
+        """Median over the timed comm steps of the step's communication time, microseconds."""
+        if gathered is None:
+            return None
         try:
             per_step = comm_time_per_step(gathered)
         except ValueError as exc:
@@ -375,7 +513,10 @@ class PolicySession:
             )  # fmt: skip
 
     def finish(self) -> PolicyRun:
-        """Reduce what the steps measured across ranks (two collectives, uncounted) and describe the run."""
+        """Reduce what the steps measured across ranks (three collectives, uncounted) and describe the run.
+
+        The collectives come first, so a rank that fails describing the run reaches the next agreement point
+        after the same collectives as its peers."""
         n, dev = self.n, self.device
         times = torch.tensor(
             [t if math.isfinite(t) else 0.0 for t in self._times]
@@ -387,6 +528,7 @@ class PolicySession:
         with self.counter.paused():
             dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
             dist.all_reduce(stats)
+        durations = self._gather_durations()
         times_l, stats_l = times.tolist(), stats.tolist()
         if math.isfinite(self.peak_mem):
             self.peak_mem = times_l[-1]
@@ -427,7 +569,7 @@ class PolicySession:
         measured = _mean_comm([r for r in records if not r.warmup])
         wire, quirks = wire_bytes(measured, self.backend, n)
         notes.extend(quirks)
-        comm_time = self._comm_time(notes, measured)
+        comm_time = self._comm_time(durations, notes, measured)
         return PolicyRun(
             policy=self.policy,
             steps=records,
@@ -458,19 +600,31 @@ def _cpu_autocast_note(dtype: torch.dtype) -> str:
     return f"CPU autocast {name}: casting weights and activations on every op costs more than {name} math saves on a model this small"
 
 
-def run_policy(policy: Policy, section: TrainingConfig, device: torch.device, nodes: Nodes | None = None) -> PolicyRun:
+def run_policy(
+    policy: Policy,
+    section: TrainingConfig,
+    device: torch.device,
+    nodes: Nodes | None = None,
+    sync: Callable[[], None] | None = None,
+) -> PolicyRun:
     """Train `warmup_steps + steps` steps under `policy`; collectives on the default group (and, for a
-    node mesh, its sub-groups). `nodes`: which node each rank is on (default: all on one)."""
-    sess = PolicySession(policy, section, device, nodes)
+    node mesh, its sub-groups). `nodes`: which node each rank is on (default: all on one); `sync`: waits for the
+    device (default: this device's synchronize).
+
+    Every phase is agreed across ranks (module docstring): `PolicyFailed` on every rank when any rank failed.
+    A measured step's agreement comes after its clock stopped; untimed steps also agree on their forward."""
+    sess = PolicySession(policy, section, device, nodes, sync)
     total = sess.warmup + int(section.steps)
     mem_step = sess.warmup - 1 if section.measure_memory else -1
     with sess.counter:
         for s in range(total):
-            sess.instrumented_step(s, measure_memory=s == mem_step)
+            step = functools.partial(
+                sess.instrumented_step, s, measure_memory=s == mem_step, agree_forward=s < sess.warmup
+            )
+            sess.agreed(f"step {s}", step)
         for s in range(total, total + int(section.comm_timed_steps)):
-            sess.timed_comm_step(s)
-        run = sess.finish()
-    return run
+            sess.agreed(f"timed comm step {s}", functools.partial(sess.timed_comm_step, s, agree_forward=True))
+        return sess.agreed("reducing the measurements", sess.finish)
 
 
 def _mean_comm(records: list[StepRecord], link: str | None = None) -> dict[str, float]:
@@ -631,6 +785,8 @@ def _base_numbers(baseline: PolicyRun, section: TrainingConfig, n: int) -> dict[
 def _error_rows(
     policy: Policy, section: TrainingConfig, n: int, backend: str, device: torch.device, err: str
 ) -> TrainingSummary:
+    """The row of a policy skipped on every rank: `error` names the failing ranks and their errors; `warnings`
+    says so too (the console prints a row's warnings)."""
     return TrainingSummary(
         policy=policy.name,
         family=policy.family,
@@ -641,7 +797,7 @@ def _error_rows(
         backend=backend,
         device=str(device),
         steps=0,
-        warnings="",
+        warnings=f"policy skipped on every rank: {err}",
         notes="",
         error=err,
     )
@@ -657,6 +813,7 @@ def run_training(
     on_policy_done: Callable[[list[TrainingSummary], list[TrainingStep]], None] | None = None,
     skip: Collection[str] = (),
     hosts: Sequence[str] | None = None,
+    sync: Callable[[], None] | None = None,
 ) -> tuple[list[TrainingSummary], list[TrainingStep]]:
     """Run every policy of a `[training]` section; complete records on rank 0, empty lists elsewhere.
 
@@ -667,9 +824,12 @@ def run_training(
     `skip` (the same on every rank) names policies already done, e.g. when resuming: they are not
     run, except the fp32 baseline, which still runs when another policy needs it but is not reported.
 
-    Must be called on every rank after `torch.distributed` is initialised. A policy that raises is
-    recorded as a summary row with `error` set (the exception is the same on every rank for the
-    configuration errors this catches) and the next policy runs.
+    `sync`: waits for the device (`launch.Dist.sync`; default: this device's synchronize).
+
+    Must be called on every rank after `torch.distributed` is initialised. A policy that raises on any rank is
+    agreed across ranks and skipped on all of them (`PolicyFailed`): rank 0 records a summary row whose `error`
+    (and `warnings`) name each failing rank and its error, every rank drops the policy's model, and the next
+    policy runs.
     """
     if not dist.is_initialized():
         raise RuntimeError("run_training needs torch.distributed initialised (call it on every rank)")
@@ -691,27 +851,41 @@ def run_training(
         # Prime the process: the first training run allocates process-lifetime caches (oneDNN
         # primitives, gloo buffers, thread pools) that the heap measurement would charge to the
         # baseline. Two untimed fp32 steps, no rows.
-        run_policy(
-            get_policy(BASELINE),
-            sec.replace(steps=1, warmup_steps=1, measure_memory=False, comm_timed_steps=0),
-            device,
-            nodes,
-        )
+        # A failure here (agreed) is the fp32 baseline's too, which reports it.
+        with contextlib.suppress(PolicyFailed):
+            run_policy(
+                get_policy(BASELINE),
+                sec.replace(steps=1, warmup_steps=1, measure_memory=False, comm_timed_steps=0),
+                device,
+                nodes,
+                sync,
+            )
+        gc.collect()
     for name in names:
         policy = get_policy(name)
+        report = rank == 0 and name not in skip
+        error = ""
         try:
-            run = run_policy(policy, sec, device, nodes)
-        except Exception as exc:  # noqa: BLE001 - keep the other policies; the row carries the error
-            if rank == 0 and name not in skip:
-                row = _error_rows(policy, sec, n, backend, device, f"{type(exc).__name__}: {exc}")
+            run = run_policy(policy, sec, device, nodes, sync)
+            if baseline is None and name == BASELINE:
+                baseline = run
+            rows = agreed(
+                "building its rows",
+                functools.partial(build_rows, run, baseline, sec, n, backend, device) if report else lambda: None,
+                device,
+            )
+        except PolicyFailed as exc:  # agreed: every rank is here, after the same collectives
+            error = str(exc)
+        if error:
+            gc.collect()  # the abandoned DDP/FSDP model and its buckets, before the next policy's baseline
+            if report:
+                row = _error_rows(policy, sec, n, backend, device, error)
                 summary_rows.append(row)
                 if on_policy_done is not None:
                     on_policy_done([row], [])
             continue
-        if baseline is None and name == BASELINE:
-            baseline = run
-        if rank == 0 and name not in skip:
-            summary, steps = build_rows(run, baseline, sec, n, backend, device)
+        if rows is not None:
+            summary, steps = rows
             summary_rows.append(summary)
             step_rows.extend(steps)
             if on_policy_done is not None:
