@@ -387,7 +387,11 @@ def references(
 
         def fp64_collective(x: torch.Tensor) -> torch.Tensor:
             x = x.to(torch.float64)
-            out = x.clone() if not coll.out_of_place() else torch.empty(layout.output_numel, dtype=torch.float64, device=d.device)
+            out = (
+                x.clone()
+                if not coll.out_of_place()
+                else torch.empty(layout.output_numel, dtype=torch.float64, device=d.device)
+            )
             coll.run(x, out, getattr(d, "pg", None))  # an in-place collective sums into the clone
             return out
 
@@ -694,7 +698,10 @@ def memory_problem(
         need = ops + refs
         host_total = 0 if on_gpu else local_ranks * need
         if host_free is not None and host_total > host_free:
-            return False, f"{local_ranks} rank(s) on this host need about {_gb(host_total)} of host memory, {_gb(host_free)} available"
+            return (
+                False,
+                f"{local_ranks} rank(s) on this host need about {_gb(host_total)} of host memory, {_gb(host_free)} available",
+            )
         if on_gpu and device_free is not None and need > device_free:
             return False, f"each rank needs about {_gb(need)} of device memory, {_gb(device_free)} free"
         return True, ""

@@ -94,7 +94,12 @@ def test_load_inputs_gives_each_op_its_dtype_of_the_rank_input() -> None:
 
     ops = [(get_precision(p), Op(p)) for p in ("fp32", "bf16", "fp16", "fp8_e4m3")]
     load_inputs(ops, _source(xs, step=7), 1, 101, torch.device("cpu"))  # type: ignore[arg-type]
-    for p, want in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp8_e4m3", torch.float32)):
+    for p, want in (
+        ("fp32", torch.float32),
+        ("bf16", torch.bfloat16),
+        ("fp16", torch.float16),
+        ("fp8_e4m3", torch.float32),
+    ):
         assert got[p].dtype == want and torch.equal(got[p], xs[1].to(want)), p
 
 
@@ -154,7 +159,7 @@ def test_sliced_comparisons_give_the_whole_tensor_statistics(monkeypatch: pytest
     exact = torch.randn(o, generator=g, dtype=torch.float64)
     abs_sum = exact.abs() * 2
     given = exact + torch.randn(o, generator=g, dtype=torch.float64) * 1e-6
-    got = (exact + torch.randn(o, generator=g, dtype=torch.float64) * 1e-3).float()
+    got = (exact + torch.randn(o, generator=g, dtype=torch.float64) * 1e-5).float()
     got[[3, 500, 999]] += 1.0  # three elements beyond any bound
     # whole-tensor definitions
     bound = _MaxBound().check_tolerance(None, abs_sum, 2)
@@ -291,7 +296,59 @@ def test_references_made_once_per_group(world: list[dict[str, Any]]) -> None:
             assert g["second"] == {"payload": g["second"]["payload"], "exact": []} and len(g["second"]["payload"]) == 1
             assert g["wrong"] == [0] * len(g["precisions"])
             assert all(0 < e < 0.2 for e in g["rel_err"])
+
     def stats(out: dict[str, Any]) -> list[Any]:
         return [(g["precisions"], g["wrong"], g["rel_err"]) for g in out["groups"]]
 
     assert stats(world[0]) == stats(world[1]) == stats(world[2])  # the statistics are the world's
+
+
+def _big_float64_world(rank: int, n: int) -> dict[str, Any]:
+    """Every float64 tensor of more than a block that one group's check allocates, by the op that made it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import commbench.check as check
+    from commbench.collectives import get_collective
+    from commbench.config import SuiteConfig
+    from commbench.launch import Dist, WorldInfo
+    from commbench.sweep import GroupView, Sweep, contenders
+
+    check._BLOCK, check._SLICE = 1024, 1000  # type: ignore[misc]  # many blocks and slices at a small size
+    limit = 4 * 1024  # a block and its slack (a tail under 16, two periods of the check pattern): far below 24000
+    d = Dist(
+        info=WorldInfo(rank, n, rank, n, "127.0.0.1", 0, "local"), backend="gloo", device=torch.device("cpu"),
+        host="h", hosts=("h",) * n, threads=1,
+    )  # fmt: skip
+    suite = SuiteConfig(collectives=["all_reduce"], precisions=["fp32", "bf16", "fp8_e4m3"], min_bytes=1, max_bytes=1)
+    made: list[tuple[str, int]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view and not func._schema.is_mutable:
+                for t in out if isinstance(out, (list, tuple)) else [out]:
+                    if isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.numel() > limit:
+                        made.append((str(func), t.numel()))
+            return out
+
+    sweep = Sweep(suite, d)
+    sg = sweep.subgroup("world")
+    coll = get_collective("all_reduce")
+    fp32_bytes = 4 * 12000 * n
+    layout = sweep.layout(coll, fp32_bytes, n)
+    assert layout is not None
+    ops = [(p, p.make_op(coll, layout, sg.pg, d.device)) for p in contenders(suite.precisions, coll, "gloo")]
+    with Record():
+        checks = check.check_group(GroupView(d, sg), suite, coll, layout, ops, fp32_bytes)  # type: ignore[arg-type]
+    return {"made": made, "numel": layout.output_numel, "wrong": [c.wrong for c in checks],
+            "rel_err": [c.rel_err for c in checks], "names": [p.name for p, _ in ops]}  # fmt: skip
+
+
+def test_a_group_check_allocates_no_full_size_float64_temporary() -> None:
+    """The only float64 tensors larger than a block are the expectations themselves (empty, then filled): the
+    check's exact and |x| ones, the error pass's exact and one "as given" per input dtype (float32, bfloat16);
+    no whole input, no float64 copy of a result, no full-size bound or difference."""
+    for out in run_in_world(_big_float64_world, nproc=2, timeout=300):
+        assert out["names"] == ["fp32", "bf16", "fp8_e4m3", "fp32_chunked"]
+        assert out["made"] == [("aten.empty.memory_format", out["numel"])] * 5, out["made"]
+        assert out["wrong"] == [0, 0, 0, 0] and all(0 < e < 0.2 for e in out["rel_err"])
