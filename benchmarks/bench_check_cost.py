@@ -14,10 +14,8 @@ has ``RANK=`` (the spawned ranks) every ``--poll`` seconds and keeps ``VmHWM``, 
 of the process's resident set: a peak between two polls is not missed, only growth in the last poll interval
 before the rank exits (teardown, which frees). Linux only. Wall: the CLI's start to exit.
 
-Targets (issue 22): <= 1.5 GiB per rank with --check; --check wall <= 1.3x --no-check wall.
-Measured by the issue before the fix: 4.2 GB / 3.3 GB per rank, 274 s / 181 s.
-After references made once per group without stacked copies: 1.73 / 1.64 GiB per rank. After inputs made in
-blocks and results compared in slices (this machine, 2 cores, load average ~6): 1.34 / 1.30 GiB per rank.
+Targets (issue 22): <= 1.5 GiB per rank with --check; --check wall <= 1.3x --no-check wall. Measured figures, with
+their machine and date: ``benchmarks/results/``.
 
     python benchmarks/bench_check_cost.py            # the code on PYTHONPATH / the installed package
     PYTHONPATH=/tmp/base python benchmarks/bench_check_cost.py   # another checkout (run from outside it)
