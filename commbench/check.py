@@ -13,6 +13,7 @@ slice (``_SLICE`` elements), so no float64 copy of a result, and no full-size to
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -354,6 +355,11 @@ def _rule_holds(coll: Collective, n: int, rank: int) -> bool:
     return _RULE[key]
 
 
+def _rounded_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as the precision's input dtype gives it (the "as given" view of a payload)."""
+    return x.to(dtype)
+
+
 def references(
     d: Dist,
     coll: Collective,
@@ -380,7 +386,7 @@ def references(
     if with_abs:
         views["abs"] = torch.abs
     for dt in givens:
-        views[str(dt)] = lambda x, dt=dt: x.to(dt)
+        views[str(dt)] = functools.partial(_rounded_to, dtype=dt)
 
     if n > LOCAL_REFERENCE_MAX_RANKS:
         mine = whole(source, d.rank, m, d.device)
