@@ -5,11 +5,12 @@ Public API: load a run directory into pandas (:func:`load`, :func:`load_metadata
 :func:`plan` a training configuration).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from commbench.config import format_size, parse_size
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from commbench.results import (
         RunDirError,
         load,
@@ -24,7 +25,7 @@ _FROM_RESULTS = ("RunDirError", "load", "load_crossover", "load_metadata", "load
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     # Lazy: the loaders pull in pandas (so `python -m commbench --help` does not pay for them); `fit` and `plan`
     # pull in numpy fitting and torch (the strategy formulas). `commbench.plan` is the plan module made callable
     # (see commbench/plan.py), so it is the function's stand-in whether or not the submodule was imported first.
@@ -57,3 +58,7 @@ __all__ = [
     "plan",
 ]
 
+
+def __dir__() -> list[str]:
+    # the public API (lazy names included), not the typing helpers or the submodules imported on the way
+    return sorted(__all__)

@@ -384,7 +384,7 @@ def _price(model: CostModel, g: GroupBytes, nodes: int, gpus_per_node: int) -> _
         return out
     # the layout rule of the cost model (its "Layouts"): groups of this level sharing each node link
     share = link_sharing(g.level, nodes, gpus_per_node)
-    layout = {"nodes": nodes if share else 1, "concurrent": max(share, 1)}
+    layout: dict[str, Any] = {"nodes": nodes if share else 1, "concurrent": max(share, 1)}
     rest = dict(g.by_op)
     calls_keys: list[tuple[str, str, dict[str, float]]] = []
     if g.hook is not None:
@@ -409,7 +409,7 @@ def _price(model: CostModel, g: GroupBytes, nodes: int, gpus_per_node: int) -> _
             continue
         if note:
             out.notes.append(note)
-        per_call = {k: v / g.calls for k, v in size.items()}
+        per_call: dict[str, Any] = {k: v / g.calls for k, v in size.items()}
         p = model.predict(coll, prec, world_size=g.n, group=grp, **layout, **per_call)
         out.time_s += p.total_s * g.calls
         out.low_s += p.total_low_s * g.calls  # summed as if fully correlated: the wider, honest interval

@@ -51,8 +51,8 @@ if TYPE_CHECKING:  # torch is imported where tensors are met: the byte formulas 
     import torch
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """nccl-tests type name of a torch dtype (falls back to torch's own name)."""
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """nccl-tests type name of a torch dtype or of its name (falls back to torch's own name)."""
     return nccl_type_name(dtype)
 
 

@@ -64,7 +64,9 @@ class TrainingConfig:
     @classmethod
     def coerce(cls, value: TrainingConfig | Mapping[str, Any]) -> TrainingConfig:
         """A config as given, or validated from a table (tests and scripts pass plain dicts)."""
-        return value if isinstance(value, cls) else cls.from_dict(value)
+        if isinstance(value, TrainingConfig):
+            return value
+        return cls.from_dict(value)
 
     def to_dict(self) -> dict[str, Any]:
         """The table with every default filled in (what metadata records)."""

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from commbench.precision import torch_dtype
 from commbench.training.strategies import (
@@ -156,7 +156,7 @@ class Policy:
 _ddp, _zero = partial(Policy, family="ddp"), partial(Policy, family="zero")
 
 
-def _zero_fsdp1(stage: int, mode: str, **fsdp: bool) -> tuple[Policy, Policy]:
+def _zero_fsdp1(stage: int, mode: str, **fsdp: Any) -> tuple[Policy, Policy]:
     """`zero{stage}_fp32` and `zero{stage}_bf16`: ZeRO-2/3 as FSDP1 in ``mode``, fp32, then params/reduce bf16."""
     return (
         _zero(name=f"zero{stage}_fp32", description=f"ZeRO-{stage}: FSDP1 {mode}, fp32", sharding=FSDP1(**fsdp)),

@@ -712,8 +712,7 @@ def build_rows(
     if baseline is not None:
         base_ci = stats.median_ci([r.step_time_us for r in baseline.steps if not r.warmup])
         speedup = stats.invert(stats.ratio_of(step_ci, base_ci)) if baseline is not run else stats.Estimate(1.0, 1.0, 1.0, 0)
-    summary = TrainingSummary(
-        **{
+    fields: dict[str, Any] = {
         "policy": p.name,
         "family": p.family,
         "description": p.description,
@@ -763,8 +762,8 @@ def build_rows(
         "warnings": "; ".join(pitfalls),
         "notes": "; ".join(run.notes),
         "error": run.error,
-        }
-    )  # fmt: skip
+    }  # fmt: skip
+    summary = TrainingSummary(**fields)
     return summary, step_rows
 
 
