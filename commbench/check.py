@@ -237,13 +237,6 @@ def whole(source: Source, r: int, numel: int, device: torch.device | None = None
     return out
 
 
-def rank_payload(
-    suite: SuiteConfig, layout: Layout, rank: int, fp32_bytes: int, device: torch.device | None = None
-) -> torch.Tensor:
-    """Rank ``rank``'s whole payload of a point (float64, on ``device``)."""
-    return whole(payload_source(suite, layout, fp32_bytes), rank, layout.input_numel, device)
-
-
 def load_inputs(
     ops: Sequence[tuple[Precision, PointOp]], source: Source, rank: int, numel: int, device: torch.device
 ) -> None:
