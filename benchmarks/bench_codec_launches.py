@@ -4,7 +4,7 @@ Runs the pure-torch codec (the C kernel is CPU-only, so it is what CUDA runs; he
 ``fp8.use_kernel(False)``) under a ``TorchDispatchMode`` that counts every aten op except views/metadata and
 uninitialised allocations. Prints, at worlds 2, 4 and 8:
 
-- ops per encode and per decode of one wire of n chunks (the ``ChunkWire`` of ``commbench.chunked``, packed
+- ops per encode and per decode of one wire of n chunks (the ``ChunkWire`` of ``commbench.measure.chunked``, packed
   and split layouts), and
 - ops per fp8 all_reduce / all_gather / reduce_scatter: the chunked op's load + encode + comm-side local work
   (all_reduce's reduce and re-encode between its two transfers) + decode, with the collective calls counted
@@ -54,7 +54,7 @@ def count(fn: Any) -> int:
 
 def wire_counts(codec: Any, n: int, m: int, packed: bool) -> tuple[int, int, int]:
     """(encode n chunks, decode n chunks, decode + fp32 sum of n chunks) of one wire."""
-    from commbench import chunked
+    from commbench.measure import chunked
 
     w = chunked.ChunkWire(codec, n, m, torch.device("cpu"), packed)
     x, y, acc = torch.randn(n * m), torch.empty(n * m), torch.empty(m)
@@ -73,7 +73,7 @@ def wire_counts(codec: Any, n: int, m: int, packed: bool) -> tuple[int, int, int
 
 def op_counts(codec: Any, coll: str, n: int, total: int, packed: bool) -> dict[str, int]:
     """Compute ops per phase and collective calls of one chunked collective at world n (rank 0)."""
-    from commbench import chunked
+    from commbench.measure import chunked
 
     calls = Counter[str]()
 
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codecs", nargs="+", default=["fp8_e4m3", "fp8_e5m2", "fp8_e4m3:block128", "fp8_e5m2:none"])
     args = ap.parse_args(argv)
 
-    from commbench import fp8
-    from commbench.codec import get_codec
+    from commbench.measure import fp8
+    from commbench.measure.codec import get_codec
 
     fp8.use_kernel(False)  # the torch path: what CUDA tensors run
     torch.set_num_threads(1)

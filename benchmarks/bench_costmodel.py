@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from commbench import costmodel, results
+from commbench.planning import costmodel
+from commbench.store import results
 
 COLLECTIVES = "all_reduce,all_gather,reduce_scatter"
 PRECISIONS = "fp32,bf16"
@@ -71,7 +72,7 @@ def run(n: int, out: Path, args: argparse.Namespace) -> float:
 def placement_env() -> dict[str, str] | None:
     """Every world size under the same placement: a local spawn binds each rank to its own cores only when every
     rank gets one, so where the largest world (4) oversubscribes the cores, no run is bound."""
-    from commbench.launch import allowed_cores
+    from commbench.cluster.launch import allowed_cores
 
     return {**os.environ, "COMMBENCH_PIN_RANKS": "0"} if len(allowed_cores()) < 4 else None
 

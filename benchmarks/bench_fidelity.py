@@ -34,7 +34,7 @@ def raw_loop(t: torch.Tensor, iters: int) -> float:
 
 def harness_sample(fn: Callable[[], None], k: int, barrier: Callable[[], None]) -> float:
     """One sample as commbench's rounds take it: a barrier, then k back-to-back ops timed by the timing core."""
-    from commbench.timing import run_sample
+    from commbench.measure.timing import run_sample
 
     barrier()
     return run_sample(fn, k, sync=lambda: None, clock=time.perf_counter) / k
@@ -44,10 +44,10 @@ def worker(rank: int, world: int, port: int, q: mp.Queue) -> None:  # type: igno
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from commbench.collectives import get_collective
-    from commbench.launch import Dist, WorldInfo
-    from commbench.precision import get_precision
-    from commbench.timing import Stats, calibrate
+    from commbench.cluster.launch import Dist, WorldInfo
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.precision import get_precision
+    from commbench.measure.timing import Stats, calibrate
 
     d = Dist(
         info=WorldInfo(rank, world, rank, world, "127.0.0.1", port, "local"),
@@ -87,7 +87,7 @@ def worker(rank: int, world: int, port: int, q: mp.Queue) -> None:  # type: igno
 
 
 def fidelity() -> None:
-    from commbench.launch import free_port
+    from commbench.cluster.launch import free_port
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

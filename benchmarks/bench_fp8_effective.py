@@ -66,9 +66,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from commbench import fp8
-    from commbench.collectives import get_collective
-    from commbench.precision import get_precision
+    from commbench.measure import fp8
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.precision import get_precision
 
     elements = parse_size(args.size) // 4
     rows = []

@@ -13,7 +13,7 @@ load lands on both sides equally. Per run the step time of a policy is `step_tim
 
 Printed per policy: the median step time per side over the pairs, after/before (median and min-max of the
 per-pair ratios), and the ratio fp8_hook / bf16_hook per side: median and min-max over the runs, plus a
-95% order-statistic interval (`commbench.stats.median_ci`) of the per-step ratios from training_steps.csv
+95% order-statistic interval (`commbench.core.stats.median_ci`) of the per-step ratios from training_steps.csv
 (step i of fp8_hook over step i of bf16_hook in the same run, all runs of a side pooled).
 No speed target: the asynchronous hook should not be slower than the blocking one (after/before <= 1).
 """
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # commbench.stats from this checkout, without installing
+sys.path.insert(0, str(REPO))  # commbench.core.stats from this checkout, without installing
 
 BEFORE_REV = "eaac99c"
 POLICIES = ("fp32", "bf16_hook", "fp8_hook")
@@ -148,7 +148,7 @@ def spread(values: Sequence[float]) -> str:
 
 def step_ci(values: Sequence[float]) -> str:
     try:
-        from commbench.stats import median_ci
+        from commbench.core.stats import median_ci
     except ImportError:
         return "n/a"
     e = median_ci(values)

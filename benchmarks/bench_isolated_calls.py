@@ -83,7 +83,7 @@ def worker(rank: int, port: int, rounds: int) -> None:
             res[k].append(fns[k]())
     out: list = [None, None]
     dist.all_gather_object(out, res)
-    from commbench.launch import rank_cores
+    from commbench.cluster.launch import rank_cores
 
     out_cores: list = [None, None]
     dist.all_gather_object(out_cores, rank_cores())
@@ -114,7 +114,7 @@ def main() -> None:
     if a.rank is not None:
         worker(a.rank, a.port, a.rounds)
         return
-    from commbench.launch import allowed_cores, bind, core_blocks, free_port
+    from commbench.cluster.launch import allowed_cores, bind, core_blocks, free_port
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load average {os.getloadavg()}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}

@@ -2,7 +2,7 @@
 
     sudo PYTHONPATH=$PWD python benchmarks/bench_layouts.py --out-root /tmp/layouts   # runs reused if present
 
-On an emulated cluster (:class:`commbench.emulate.EmulatedCluster`: network namespaces on a bridge, every node's link
+On an emulated cluster (:class:`commbench.cluster.emulate.EmulatedCluster`: network namespaces on a bridge, every node's link
 shaped with ``tc tbf`` both ways) it runs the same commbench sweep on 2, 3 and 4 nodes x 1 rank and on 2 nodes x 2
 ranks, and makes two checks from those runs:
 
@@ -10,7 +10,7 @@ ranks, and makes two checks from those runs:
   ``world``, one rank per node: every ring edge crosses a node link; two ring sizes so the fit sees n;
   ``--fit-layouts``), predict layout B = 2 x 2 (``world``: a 4-rank ring, ranks of a node contiguous; ``inter``:
   two concurrent 2-rank groups, one per local rank, sharing each node's link) with the layout rule of
-  :meth:`commbench.costmodel.CostModel.predict` (``nodes=``, ``concurrent=``; see the costmodel docstring): the world
+  :meth:`commbench.planning.costmodel.CostModel.predict` (``nodes=``, ``concurrent=``; see the costmodel docstring): the world
   ring over 2 x 2 ranks is bound by the same per-node link with the latency steps of the 4-rank ring; each of the 2
   inter groups gets half of each node's link;
 * **world sizes** (issue 12, "fitted on 2- and 4-rank runs, the 3-rank prediction"): fit on 2 x 1 and 4 x 1,
@@ -56,8 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from commbench import costmodel, results  # noqa: E402
-from commbench.emulate import EmulatedCluster, launch_job, list_namespaces, missing_requirements  # noqa: E402
+from commbench.cluster.emulate import EmulatedCluster, launch_job, list_namespaces, missing_requirements  # noqa: E402
+from commbench.planning import costmodel
+from commbench.store import results  # noqa: E402
 
 # One op per sample for the link-bound points (tens to hundreds of ms each); see benchmarks/interconnects.py.
 FAST = ["--min-time", "0.05", "--min-iters", "1", "--repeats", "3", "--warmup", "1", "--quiet", "--no-training",

@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 import pandas as pd  # noqa: E402
 
-from commbench import costmodel as cm
-from commbench.plan import TORCH_ADAMW, plan, plan_policies
-from commbench.results import load_metadata
+from commbench.planning import costmodel as cm
+from commbench.planning.plan import TORCH_ADAMW, plan, plan_policies
+from commbench.store.results import load_metadata
 from commbench.training.policies import get_policy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -85,7 +85,7 @@ def aa(out: Path) -> None:
     for name in ("a", "b"):
         walls.append(cli("--out", str(out / name), "--quiet"))
     cli("compare", str(out / "a"), str(out / "b"), "--out", str(out / "cmp"))
-    from commbench.results import load, load_crossover
+    from commbench.store.results import load, load_crossover
 
     rf = pd.read_csv(out / "cmp" / "compare.csv")
     sig = rf["significant"].astype(str) == "True"
@@ -191,7 +191,7 @@ def raw_time_us(nbytes: int, reps: int = 15, seconds: float = 3.0) -> float:
     The loop runs at least ``reps`` times and for about ``seconds``, the quick suite's budget per size: sampled over
     0.1 s (15 reps of 20 ops at 8 B) the raw median caught whatever state the machine was in and moved 350-680 us
     between processes while the CLI's, sampled over 3 s, stayed within 550-625 us."""
-    from commbench.launch import allowed_cores, bind, core_blocks, free_port
+    from commbench.cluster.launch import allowed_cores, bind, core_blocks, free_port
 
     forget_loopback_tcp_metrics()
     port = free_port()
@@ -229,7 +229,7 @@ def fidelity(out: Path, pairs: int, only: list[str] | None = None, raw_seconds: 
           f"{bound}")  # fmt: skip
     sizes = {k: v for k, v in FIDELITY_SIZES.items() if not only or k in only}
     ratios: dict[str, list[float]] = {k: [] for k in sizes}
-    from commbench.results import load
+    from commbench.store.results import load
 
     for i in range(pairs):
         for label, nbytes in sizes.items():

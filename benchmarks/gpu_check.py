@@ -240,7 +240,7 @@ def write_summary(out: Path, reports: Sequence[StepReport]) -> str:
 
 
 def _size(nbytes: int) -> str:
-    from commbench.config import format_size
+    from commbench.core.units import format_size
 
     return format_size(int(nbytes))
 
@@ -248,8 +248,8 @@ def _size(nbytes: int) -> str:
 def expected_pairs(collectives: Iterable[str], precisions: Iterable[str], backend: str) -> list[tuple[str, str]]:
     """(collective, precision) pairs the sweep must have measured: what each precision says it supports, native
     fp8 left out (whether it runs is the native step's question, decided by a probe)."""
-    from commbench.collectives import get_collective
-    from commbench.precision import get_precision
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.precision import get_precision
 
     pairs: list[tuple[str, str]] = []
     for p in precisions:
@@ -444,8 +444,8 @@ def codec_inputs(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def codec_roundtrip(x: torch.Tensor, fmt: str, scaling: str, block: int, device: torch.device) -> CodecResult:
-    """Encode ``x`` (on ``device``) with :func:`commbench.fp8.quantize`, decode it, bring all three to the CPU."""
-    from commbench import fp8
+    """Encode ``x`` (on ``device``) with :func:`commbench.measure.fp8.quantize`, decode it, bring all three to the CPU."""
+    from commbench.measure import fp8
 
     xd = x.to(device)
     q, s = fp8.quantize(xd, fmt, scaling, block)
@@ -458,7 +458,7 @@ def codec_decode_all(fmt: str, scaling: str, block: int, device: torch.device, s
     a random float32 tensor as the reduce-scatter does: the decode path on its own."""
     import torch
 
-    from commbench import fp8
+    from commbench.measure import fp8
 
     g = torch.Generator().manual_seed(seed + 2)
     n = 256 * 41 + 5
@@ -606,8 +606,8 @@ def sync_chunked_all_reduce(codec_name: str, x: torch.Tensor, group: dist.Proces
     (the hook's mean), in the split layout the hook uses."""
     import torch.distributed as dist
 
-    from commbench.chunked import ChunkedAllReduce
-    from commbench.codec import get_codec
+    from commbench.measure.chunked import ChunkedAllReduce
+    from commbench.measure.codec import get_codec
 
     n = dist.get_world_size(group)
     op = ChunkedAllReduce(get_codec(codec_name), x.numel(), group, x.device, packed=False, gather_by_all_to_all=False)
@@ -807,7 +807,7 @@ def step_device(ctx: Context, rep: StepReport) -> None:
     import torch
     import torch.distributed as dist
 
-    from commbench import fp8
+    from commbench.measure import fp8
 
     dev = cuda_device()
     props = torch.cuda.get_device_properties(dev)
@@ -835,8 +835,8 @@ def step_device(ctx: Context, rep: StepReport) -> None:
 
 
 def _sweep(ctx: Context, rep: StepReport, name: str, sizes: tuple[str, str, str], extra: Sequence[str] = ()) -> None:
-    from commbench.config import parse_size, size_grid
-    from commbench.results import load, load_metadata
+    from commbench.core.units import parse_size, size_grid
+    from commbench.store.results import load, load_metadata
 
     cuda_device()
     run = _fresh(ctx.out / name / "run")
@@ -872,7 +872,7 @@ def step_sweep_256m(ctx: Context, rep: StepReport) -> None:
 
 
 def step_native(ctx: Context, rep: StepReport) -> None:
-    from commbench.results import load, load_metadata
+    from commbench.store.results import load, load_metadata
 
     cuda_device()
     run = _fresh(ctx.out / "native" / "run")
@@ -933,7 +933,7 @@ def step_hook(ctx: Context, rep: StepReport) -> None:
 def step_codec_exact(ctx: Context, rep: StepReport) -> None:
     import torch
 
-    from commbench import fp8
+    from commbench.measure import fp8
 
     dev = cuda_device()
     cpu = torch.device("cpu")
@@ -975,7 +975,7 @@ def time_cuda(fn: Callable[[], Any], reps: int = 10, trials: int = 3, warmup: in
 def step_codec_speed(ctx: Context, rep: StepReport) -> None:
     import torch
 
-    from commbench import fp8
+    from commbench.measure import fp8
 
     dev = cuda_device()
     n = BIG_BYTES // 4
@@ -1001,7 +1001,7 @@ def step_codec_speed(ctx: Context, rep: StepReport) -> None:
 
 
 def step_training(ctx: Context, rep: StepReport) -> None:
-    from commbench.results import load_training
+    from commbench.store.results import load_training
     from commbench.training.policies import list_policies
 
     cuda_device()

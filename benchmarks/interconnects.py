@@ -3,7 +3,7 @@ to each rate, then ``commbench compare`` of the runs, and the inter-node busbw r
 
     sudo python benchmarks/interconnects.py --rates 1gbit,200mbit --nodes 2 --nproc-per-node 2 --out /tmp/ic
 
-Each rate gets a fresh :class:`commbench.emulate.EmulatedCluster` (network namespaces on a bridge, every node's
+Each rate gets a fresh :class:`commbench.cluster.emulate.EmulatedCluster` (network namespaces on a bridge, every node's
 link shaped with ``tc tbf`` both ways) and one torchrun job across it; its run directory is
 ``<out>/<nodes>x<nproc>-<rate>`` with an ``emulation.json`` naming the link. Expected: at the largest sizes the
 busbw ratio between two rates follows the rate ratio (bandwidth-bound), while small sizes are latency-bound.
@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import commbench  # noqa: E402
-from commbench.emulate import EmulatedCluster, launch_job, missing_requirements, rate_bits_per_s  # noqa: E402
-from commbench.launch import cpu_model_name  # noqa: E402
+from commbench.cluster.emulate import EmulatedCluster, launch_job, missing_requirements, rate_bits_per_s  # noqa: E402
+from commbench.cluster.launch import cpu_model_name  # noqa: E402
 
 # Samples of >= 50 ms: link-bound ops (tens of ms to seconds on the shaped link) take one op per sample (20 per
 # sample at 200mbit would take minutes per point), while the fast unshaped intra-node ops take several, so the skew

@@ -4,7 +4,7 @@
     python benchmarks/stress_teardown.py --runs 10
 
 Each world: 2 ranks (torchrun's environment variables, 127.0.0.1, a free port) join through
-``commbench.launch.init_world``, train a small DDP model a few steps with commbench's ``bf16_hook`` (an
+``commbench.cluster.launch.init_world``, train a small DDP model a few steps with commbench's ``bf16_hook`` (an
 async all_reduce whose future has a Python callback), run that pattern bare 20 times, keep the model, the
 futures and the group referenced from module level -- as anything that outlives the run would -- and leave
 by one of two paths:
@@ -38,7 +38,7 @@ def worker(mode: str) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from commbench.launch import detect_world, exit_process, init_world, shutdown_world
+    from commbench.cluster.launch import detect_world, exit_process, init_world, shutdown_world
     from commbench.training.hooks import cast_hook
 
     info = detect_world()
@@ -72,7 +72,7 @@ def worker(mode: str) -> None:
 
 def run_world(mode: str, nproc: int = 2, timeout_s: float = 120.0) -> list[tuple[int, str]]:
     """Run one world of ``nproc`` ranks exiting by ``mode``; (exit code, stderr tail) per rank."""
-    from commbench.launch import free_port, local_rank_env
+    from commbench.cluster.launch import free_port, local_rank_env
 
     port = free_port()
     procs = []

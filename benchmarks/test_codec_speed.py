@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from commbench import fp8
+from commbench.measure import fp8
 
 MIB = 1 << 20
 VARIANTS = [

@@ -8,10 +8,10 @@ Public API: load a run directory into pandas (:func:`load`, :func:`load_metadata
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from commbench.config import format_size, parse_size
+from commbench.core.units import format_size, parse_size
 
 if _TYPE_CHECKING:
-    from commbench.results import (
+    from commbench.store.results import (
         RunDirError,
         load,
         load_crossover,
@@ -30,17 +30,17 @@ def __getattr__(name: str) -> _Any:
     # pull in numpy fitting and torch (the strategy formulas). `commbench.plan` is the plan module made callable
     # (see commbench/plan.py), so it is the function's stand-in whether or not the submodule was imported first.
     if name in _FROM_RESULTS:
-        from commbench import results
+        from commbench.store import results
 
         return getattr(results, name)
     if name == "fit":
-        from commbench.costmodel import fit
+        from commbench.planning.costmodel import fit
 
         return fit
     if name == "plan":
         import importlib
 
-        return importlib.import_module("commbench.plan")
+        return importlib.import_module("commbench.planning.plan")
     raise AttributeError(f"module 'commbench' has no attribute {name!r}")
 
 

@@ -8,7 +8,7 @@ from commbench.cli import main
 def _exit(code: int) -> None:
     # launch (and torch with it) is imported only by commands that use it: `--help` and `list` stay instant.
     # A process that never imported it never joined a world, so a plain exit is the right one.
-    launch = sys.modules.get("commbench.launch")
+    launch = sys.modules.get("commbench.cluster.launch")
     if launch is None:
         sys.exit(code)
     launch.exit_process(code)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from commbench import report
+from commbench.views import report
 from tests.views_util import fabricate_run, real_run
 
 CHROMIUM = os.environ.get("COMMBENCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -112,7 +112,7 @@ def test_hostile_host_runs_no_script(browser: Any, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_compare_page_renders(browser: Any, tmp_path: Path) -> None:
-    from commbench.compare import compare_runs
+    from commbench.views.compare import compare_runs
 
     a = fabricate_run(tmp_path / "a", training=False)
     b = fabricate_run(tmp_path / "b", training=False, beta_gbps=4.0, world=4)

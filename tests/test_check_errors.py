@@ -21,7 +21,7 @@ COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
 def test_exact_inputs_exact_in_every_format_with_distinct_chunk_scales(n: int) -> None:
-    from commbench.check import exact_inputs
+    from commbench.measure.check import exact_inputs
 
     numel = 16 * 64
     xs = [exact_inputs(numel, r) for r in range(n)]
@@ -45,7 +45,7 @@ def test_exact_inputs_exact_in_every_format_with_distinct_chunk_scales(n: int) -
 
 
 def test_native_fp8_scale_pieces_match_per_element_index() -> None:
-    from commbench.fp8_ops import _scale_pieces
+    from commbench.measure.fp8_ops import _scale_pieces
 
     for start, n, run in [(0, 10, 4), (3, 10, 4), (5, 3, 8), (0, 8, 8), (7, 100, 16), (64, 64, 128)]:
         idx = torch.empty(n, dtype=torch.long)
@@ -57,12 +57,12 @@ def test_native_fp8_scale_pieces_match_per_element_index() -> None:
 def _world(rank: int, n: int) -> dict[str, Any]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from commbench import fp8
-    from commbench.check import check_point
-    from commbench.collectives import get_collective
-    from commbench.config import SuiteConfig
-    from commbench.launch import Dist, WorldInfo
-    from commbench.precision import get_precision
+    from commbench.cluster.launch import Dist, WorldInfo
+    from commbench.core.suite import SuiteConfig
+    from commbench.measure import fp8
+    from commbench.measure.check import check_point
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.precision import get_precision
 
     d = Dist(
         info=WorldInfo(rank, n, rank, n, "127.0.0.1", 0, "local"), backend="gloo", device=torch.device("cpu"),
@@ -105,7 +105,7 @@ def _world(rank: int, n: int) -> dict[str, Any]:
                 self.seen.append(f"{func} with a boolean mask (nonzero on a GPU)")
             return func(*args, **(kwargs or {}))
 
-    from commbench.metadata import agree_fp8_codec
+    from commbench.cluster.metadata import agree_fp8_codec
 
     out["agreed"] = agree_fp8_codec(d)
     fp8.use_kernel(rank == 0)  # rank 1 falls back to the torch codec

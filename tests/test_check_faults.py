@@ -1,6 +1,6 @@
 """Faults injected into the received wire buffers must show as ``wrong > 0``.
 
-Each case runs the sweep's correctness pass (:func:`commbench.check.check_point`) with a hook that edits the
+Each case runs the sweep's correctness pass (:func:`commbench.measure.check.check_point`) with a hook that edits the
 bytes the op received, between ``comm`` and ``decode``: one flipped code bit, every scale x1.1 or x0.8, two
 chunks' codes swapped (scales left in place: a misrouted chunk), scales rotated between chunks, one chunk
 zeroed, every sign bit flipped (a negated result). Every fp8 precision (e4m3/e5m2 x tensor/block/none) and the
@@ -96,11 +96,11 @@ swapped where no scale travels."""
 
 
 def _world(rank: int, n: int) -> dict[tuple[str, str, str], int]:
-    from commbench.check import check_point
-    from commbench.collectives import get_collective
-    from commbench.config import SuiteConfig
-    from commbench.launch import Dist, WorldInfo
-    from commbench.precision import get_precision
+    from commbench.cluster.launch import Dist, WorldInfo
+    from commbench.core.suite import SuiteConfig
+    from commbench.measure.check import check_point
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.precision import get_precision
 
     assert sys.byteorder == "little"
     d = Dist(

@@ -56,8 +56,8 @@ def _expected(cname: str, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("cname", COLLS)
 def test_references_equal_float64_sums_written_out(cname: str, n: int) -> None:
-    from commbench.check import references
-    from commbench.collectives import get_collective
+    from commbench.measure.check import references
+    from commbench.measure.collectives import get_collective
 
     coll = get_collective(cname)
     layout = coll.layout(coll.round_total(4 * 6 * n, n), n)
@@ -79,8 +79,8 @@ def test_references_equal_float64_sums_written_out(cname: str, n: int) -> None:
 
 
 def test_load_inputs_gives_each_op_its_dtype_of_the_rank_input() -> None:
-    from commbench.check import load_inputs
-    from commbench.precision import get_precision
+    from commbench.measure.check import load_inputs
+    from commbench.measure.precision import get_precision
 
     xs = _inputs(2, 101)
     got: dict[str, torch.Tensor] = {}
@@ -106,7 +106,7 @@ def test_load_inputs_gives_each_op_its_dtype_of_the_rank_input() -> None:
 @pytest.mark.parametrize("kind", ["normal", "gradient", "outliers"])
 def test_payload_blocks_are_the_payload(kind: str) -> None:
     """Blocks of any multiple of 16, any range, tails under 16 and sizes under 16: the whole tensor's values."""
-    from commbench.check import payload, payload_blocks
+    from commbench.measure.check import payload, payload_blocks
 
     for numel in (3, 16, 31, 160, 1003, 4096 + 9):
         whole = payload(kind, numel, 77)
@@ -134,7 +134,7 @@ def _exact_written_out(numel: int, rank: int) -> torch.Tensor:
 
 
 def test_exact_inputs_and_blocks_follow_the_definition() -> None:
-    from commbench.check import exact_blocks, exact_inputs
+    from commbench.measure.check import exact_blocks, exact_inputs
 
     for numel, rank in ((1, 0), (7, 1), (880, 2), (1000, 0), (2663, 3)):
         want = _exact_written_out(numel, rank)
@@ -152,7 +152,7 @@ class _MaxBound:
 
 
 def test_sliced_comparisons_give_the_whole_tensor_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
-    import commbench.check as check
+    import commbench.measure.check as check
 
     g = torch.Generator().manual_seed(5)
     o = 1000
@@ -184,8 +184,8 @@ def test_sliced_comparisons_give_the_whole_tensor_statistics(monkeypatch: pytest
 def test_a_collective_the_rule_misreads_keeps_its_own_reference() -> None:
     """A broadcast has all_to_all's shapes (input = output): the shape rule would misread it; the small check
     finds that and the collective's own reference is used."""
-    from commbench.check import references
-    from commbench.collectives import AllToAll, get_collective
+    from commbench.measure.check import references
+    from commbench.measure.collectives import AllToAll, get_collective
 
     class Broadcast(AllToAll):
         name = "toy_broadcast_h4"
@@ -204,10 +204,10 @@ def test_a_collective_the_rule_misreads_keeps_its_own_reference() -> None:
 
 
 def test_memory_estimate_counts_fp32_chunked_and_references() -> None:
-    from commbench.check import check_bytes, point_memory
-    from commbench.collectives import get_collective
-    from commbench.config import SuiteConfig
-    from commbench.precision import get_precision
+    from commbench.core.suite import SuiteConfig
+    from commbench.measure.check import check_bytes, point_memory
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.precision import get_precision
 
     n, size = 2, 1 << 20
     coll = get_collective("all_reduce")
@@ -233,10 +233,10 @@ def test_memory_estimate_counts_fp32_chunked_and_references() -> None:
 
 
 def _world(rank: int, n: int) -> dict[str, Any]:
-    import commbench.check as check
-    from commbench.config import SuiteConfig, TimingConfig
-    from commbench.launch import Dist, WorldInfo
-    from commbench.sweep import Sweep
+    import commbench.measure.check as check
+    from commbench.cluster.launch import Dist, WorldInfo
+    from commbench.core.suite import SuiteConfig, TimingConfig
+    from commbench.measure.sweep import Sweep
 
     calls: dict[str, list[int]] = {"payload": [], "exact": []}
     real_payload, real_exact = check.payload_blocks, check.exact_blocks
@@ -307,11 +307,11 @@ def _big_float64_world(rank: int, n: int) -> dict[str, Any]:
     """Every float64 tensor of more than a block that one group's check allocates, by the op that made it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    import commbench.check as check
-    from commbench.collectives import get_collective
-    from commbench.config import SuiteConfig
-    from commbench.launch import Dist, WorldInfo
-    from commbench.sweep import GroupView, Sweep, contenders
+    import commbench.measure.check as check
+    from commbench.cluster.launch import Dist, WorldInfo
+    from commbench.core.suite import SuiteConfig
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.sweep import GroupView, Sweep, contenders
 
     check._BLOCK, check._SLICE = 1024, 1000  # type: ignore[misc]  # many blocks and slices at a small size
     limit = 4 * 1024  # a block and its slack (a tail under 16, two periods of the check pattern): far below 24000

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import commbench
-from commbench.results import COLUMNS
+from commbench.store.results import COLUMNS
 from tests.cli_util import FAST
 from tests.cli_util import commbench as run_cli
 
@@ -225,7 +225,7 @@ def test_joins_a_torchrun_world(tmp_path: Path) -> None:
     """Under torchrun commbench joins the existing world instead of spawning its own."""
     import sys
 
-    from commbench.launch import free_port
+    from commbench.cluster.launch import free_port
 
     out = tmp_path / "tr"
     proc = subprocess.run(
@@ -253,7 +253,8 @@ def test_nccl_without_gpus_is_bad_input(tmp_path: Path) -> None:
 def test_list_describes_each_registered_collective(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`list` asks each collective for its description: a collective added to the registry (here, by this
     test alone) is listed with its own line, and the built-in ones keep nccl-tests' definitions."""
-    from commbench import cli, collectives
+    from commbench import cli
+    from commbench.measure import collectives
 
     class ToyBroadcast(collectives.AllGather):
         name = "toy_broadcast"
@@ -284,8 +285,8 @@ def test_suites_load_without_tomllib(tmp_path: Path) -> None:
         "import sys, tomllib\n"
         "sys.modules['tomli'] = tomllib\n"
         "sys.modules['tomllib'] = None  # import tomllib now raises ModuleNotFoundError, as on 3.10\n"
-        "from commbench.config import load_suite\n"
-        "import commbench.config as c\n"
+        "from commbench.core.suite import load_suite\n"
+        "import commbench.core.suite as c\n"
         "assert c.tomllib is sys.modules['tomli']\n"
         "print(load_suite('quick').name)\n"
     )
@@ -379,8 +380,8 @@ def test_ctrl_c_prints_the_resume_command_and_resume_counts(tmp_path: Path) -> N
 
 
 def test_console_fits_80_and_100_columns() -> None:
-    from commbench.console import comment, training_line
-    from commbench.table import LEGEND, columns_for, format_row, header_lines
+    from commbench.measure.console import comment, training_line
+    from commbench.measure.table import LEGEND, columns_for, format_row, header_lines
 
     row = {"size_bytes": 16777216, "count": 4194304, "dtype": "bfloat16", "redop": "sum", "time_us": 123456.7,
            "algbw_gbps": 135.9, "busbw_gbps": 135.9, "wrong": 0, "precision": "fp8_e4m3_native", "time_ci_low_us": 1.0,

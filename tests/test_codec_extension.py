@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commbench.codec import Codec, register_codec
-from commbench.collectives import COLLECTIVES, Collective, Layout, register_collective
+from commbench.measure.codec import Codec, register_codec
+from commbench.measure.collectives import COLLECTIVES, Collective, Layout, register_collective
 from tests.distutil import run_in_world
 
 N = 2
@@ -95,7 +95,7 @@ class _ChunkedBroadcast:
     has_codec = True
 
     def __init__(self, coll: Collective, codec: Codec, m: int, group: Any, device: torch.device) -> None:
-        from commbench.chunked import ChunkWire
+        from commbench.measure.chunked import ChunkWire
 
         self.coll, self.group = coll, group
         self.x = torch.empty(m, dtype=torch.float32, device=device)
@@ -110,7 +110,7 @@ class _ChunkedBroadcast:
         self.send.encode(0, self.x)
 
     def comm(self) -> None:
-        from commbench.chunked import exchange
+        from commbench.measure.chunked import exchange
 
         exchange(self.coll, self.send, self.recv, self.group, async_op=False)
 
@@ -170,11 +170,11 @@ class _Bucket:
 
 
 def _world(rank: int, n: int) -> dict[str, Any]:
-    from commbench.collectives import get_collective
-    from commbench.config import SuiteConfig, TimingConfig
-    from commbench.launch import Dist, WorldInfo
-    from commbench.precision import get_precision
-    from commbench.sweep import Sweep
+    from commbench.cluster.launch import Dist, WorldInfo
+    from commbench.core.suite import SuiteConfig, TimingConfig
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.precision import get_precision
+    from commbench.measure.sweep import Sweep
     from commbench.training.comm import CommCounter
     from commbench.training.hooks import codec_hook, codec_hook_bytes
     from tests.test_fp8_collectives import _ref_collective

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from commbench import fp8
-from commbench.chunked import ChunkWire
-from commbench.codec import get_codec
-from commbench.opcount import OpCounter
+from commbench.measure import fp8
+from commbench.measure.chunked import ChunkWire
+from commbench.measure.codec import get_codec
+from commbench.measure.opcount import OpCounter
 from tests.test_fp8_codec import nan_blind, ref_quantize, same_floats
 
 CPU = torch.device("cpu")

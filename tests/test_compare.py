@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from commbench import compare
-from commbench.nccl_import import import_nccl_tests
-from commbench.report import fmt
+from commbench.store.nccl_import import import_nccl_tests
+from commbench.views import compare
+from commbench.views.report import fmt
 from tests.views_util import fabricate_run, real_run
 
 
@@ -161,7 +161,7 @@ def _aligned(times_a: list[float], times_b: list[float], rel_ci: float) -> pd.Da
 
 
 def test_ratio_frame_flags_a_real_slowdown_and_not_identical_runs() -> None:
-    from commbench.compare import ratio_frame
+    from commbench.views.compare import ratio_frame
 
     a = [100.0, 200.0, 400.0, 800.0]
     slow = ratio_frame(_aligned(a, [2 * t for t in a], 0.02), ["A", "B"])
@@ -176,7 +176,7 @@ def test_ratio_frame_flags_a_real_slowdown_and_not_identical_runs() -> None:
 
 
 def test_ratio_frame_judges_many_ratios_together() -> None:
-    from commbench.compare import ratio_frame
+    from commbench.views.compare import ratio_frame
 
     # 40 points, B within +-3.5 % of A, each time with a +-2 % interval: a few ratios' marginal 95 % intervals
     # exclude 1 (|log ratio| > 1.96 * sqrt(2) * se), but none survives the adjustment for 40 comparisons;
@@ -194,7 +194,7 @@ def test_ratio_frame_judges_many_ratios_together() -> None:
 
 
 def test_ratio_frame_without_intervals_gives_no_verdict() -> None:
-    from commbench.compare import ratio_frame
+    from commbench.views.compare import ratio_frame
 
     al = _aligned([100.0], [150.0], 0.02)
     al["time_ci_low_us|A"] = math.nan

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commbench import costmodel as cm
-from commbench.results import RunWriter
+from commbench.planning import costmodel as cm
+from commbench.store.results import RunWriter
 
 ALPHA = 40e-6  # s per latency step
 BETA = 1.0 / 5e9  # s per byte: 5 GB/s bus bandwidth

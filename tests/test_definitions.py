@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from commbench.collectives import COLLECTIVES, get_collective
-from commbench.config import format_size, load_suite, parse_size, size_grid, suite_from_dict
-from commbench.launch import detect_world, first_slurm_host
-from commbench.precision import get_precision
-from commbench.results import crossover
-from commbench.timing import Stats, bandwidth_gbps, percentile
+from commbench.cluster.launch import detect_world, first_slurm_host
+from commbench.core.suite import load_suite, suite_from_dict
+from commbench.core.units import format_size, parse_size, size_grid
+from commbench.measure.collectives import COLLECTIVES, get_collective
+from commbench.measure.precision import get_precision
+from commbench.measure.timing import Stats, bandwidth_gbps, percentile
+from commbench.store.results import crossover
 
 
 # nccl-tests doc/PERFORMANCE.md: AllReduce busbw = algbw * 2(n-1)/n; ReduceScatter, AllGather, AlltoAll (n-1)/n.
@@ -115,7 +116,7 @@ def test_quick_suite_loads_and_covers_the_issue_grid() -> None:
 
 def test_every_builtin_collective_is_registered() -> None:
     # test files may register toy collectives of their own (tests/test_codec_extension.py)
-    builtin = {name for name, c in COLLECTIVES.items() if type(c).__module__ == "commbench.collectives"}
+    builtin = {name for name, c in COLLECTIVES.items() if type(c).__module__ == "commbench.measure.collectives"}
     assert builtin == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
 
 
@@ -218,7 +219,7 @@ def test_every_shipped_suite_is_valid() -> None:
 
 
 def test_auto_backend_needs_a_gpu_for_every_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    import commbench.launch as launch
+    import commbench.cluster.launch as launch
 
     monkeypatch.setattr(launch, "has_gpus", lambda: 1)
     # one GPU, two ranks: a mixed nccl/gloo world would hang, so every rank must choose gloo

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import commbench
-from commbench.emulate import (
+from commbench.cluster.emulate import (
     EmulatedCluster,
     cleanup_stale,
     launch_job,
@@ -120,7 +120,7 @@ def test_parallel_clusters_do_not_collide() -> None:
 
 _OWNER = """
 import sys, time
-from commbench.emulate import EmulatedCluster
+from commbench.cluster.emulate import EmulatedCluster
 with EmulatedCluster(nodes=2, prefix=sys.argv[1]) as c:
     c.popen(0, ["sleep", "1000"])
     print(" ".join(c.namespaces), flush=True)

@@ -1,4 +1,4 @@
-"""FP8 codecs (commbench.fp8) against torch's own casts, special values, the error-bound formula, precision
+"""FP8 codecs (commbench.measure.fp8) against torch's own casts, special values, the error-bound formula, precision
 naming, and native-NCCL detection. Every check runs on both codec paths: the fused C kernel (when it builds)
 and pure torch."""
 
@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from commbench import fp8
-from commbench.collectives import get_collective
-from commbench.fp8_ops import native_fp8_available
-from commbench.precision import get_precision
+from commbench.measure import fp8
+from commbench.measure.collectives import get_collective
+from commbench.measure.fp8_ops import native_fp8_available
+from commbench.measure.precision import get_precision
 
 FMAX = {"e4m3": 448.0, "e5m2": 57344.0}
 DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

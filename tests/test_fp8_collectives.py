@@ -88,8 +88,8 @@ def _run(op: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 def _world_checks(rank: int, n: int) -> dict[str, Any]:
-    from commbench.collectives import get_collective
-    from commbench.precision import get_precision
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.precision import get_precision
 
     out: dict[str, Any] = {"exact": [], "bound": [], "wire": [], "repeat": [], "rel": {}, "same": []}
     totals = {"all_gather": 3 * 1000, "reduce_scatter": 3 * 1000, "all_reduce": 1001, "all_to_all": 3 * 1000}

@@ -145,7 +145,7 @@ def test_every_cli_run_a_step_starts_is_valid(tmp_path: Path) -> None:
     """Every `commbench run` a step starts parses and resolves to the suite it means (flags, precisions, sizes,
     the training TOML), so a renamed flag fails here, not on the GPU machine."""
     from commbench.cli import build_parser, resolve_suite
-    from commbench.config import parse_size, size_grid
+    from commbench.core.units import parse_size, size_grid
     from commbench.training.policies import list_policies
 
     run = tmp_path / "run"
@@ -377,7 +377,7 @@ def test_copy_fraction_uses_read_plus_write_bytes() -> None:
 
 @pytest.fixture
 def kernel_restored() -> Any:
-    from commbench import fp8
+    from commbench.measure import fp8
 
     yield fp8
     fp8.use_kernel(True)

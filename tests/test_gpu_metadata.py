@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from commbench import launch
-from commbench.metadata import add_transports, kept_env, merge_nodes, nccl_transport
+from commbench.cluster import launch
+from commbench.cluster.metadata import add_transports, kept_env, merge_nodes, nccl_transport
 
 # One node, 8 H100s: NVLink P2P through cuMem, NVLS multicast, and IB for the network (NCCL 2.21-style lines).
 NVLINK_NODE = """\
@@ -91,7 +91,7 @@ def test_env_families_a_gpu_user_is_asked_for() -> None:
 
 
 def test_nccl_debug_env_logs_init_and_net_to_the_run_directory(tmp_path: Path) -> None:
-    from commbench.orchestrate import nccl_debug_path
+    from commbench.cli.orchestrate import nccl_debug_path
 
     path = nccl_debug_path(tmp_path / "run", 3)
     assert path.parent == tmp_path / "run" / "logs" and path.name.endswith(".rank3.log")

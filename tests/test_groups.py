@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from commbench.groups import GROUP_KINDS, get_group_kind, nodes_of, unusable
+from commbench.measure.groups import GROUP_KINDS, get_group_kind, nodes_of, unusable
 
 TWO_BY_TWO = ["n0", "n0", "n1", "n1"]
 THREE_BY_TWO = ["a", "a", "b", "b", "c", "c"]

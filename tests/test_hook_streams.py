@@ -171,8 +171,8 @@ def _data(codec: str, size: int, round_: int, rank: int) -> torch.Tensor:
 
 def _reference(codec: str, x: torch.Tensor) -> torch.Tensor:
     """The synchronous chunked all_reduce of ``x / n`` (real gloo collectives, nothing faked)."""
-    from commbench.chunked import ChunkedAllReduce
-    from commbench.codec import get_codec
+    from commbench.measure.chunked import ChunkedAllReduce
+    from commbench.measure.codec import get_codec
 
     op = ChunkedAllReduce(get_codec(codec), x.numel(), None, x.device, packed=False, gather_by_all_to_all=False)
     op.load(x)
@@ -254,7 +254,7 @@ def _same_bucket_twice(mode: str) -> list[int | str]:
 @contextmanager
 def _failing(method: str, total: int) -> Iterator[None]:
     """ChunkedAllReduce.``method`` raises for a bucket of ``total`` elements (on every rank alike)."""
-    from commbench.chunked import ChunkedAllReduce
+    from commbench.measure.chunked import ChunkedAllReduce
 
     orig = getattr(ChunkedAllReduce, method)
     own = method in ChunkedAllReduce.__dict__  # else inherited: removed again afterwards
@@ -328,7 +328,7 @@ def _ddp(hooks: ModuleType, codec: str, mode: str) -> dict[str, Any]:
 
 def _fake_semantics() -> dict[str, int]:
     """The fake itself: joined by collect_all, the outputs are read before they land; waited one by one, after."""
-    from commbench.collectives import all_gather_tensor
+    from commbench.measure.collectives import all_gather_tensor
 
     n, rank = dist.get_world_size(), dist.get_rank()
     want = [torch.cat([torch.full((4,), float(10 * k + r)) for r in range(n)]) for k in range(2)]

@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commbench import launch, nvml
-from commbench.launch import LocalView, agree_devices, detect_world, plan_devices
+from commbench.cluster import launch, nvml
+from commbench.cluster.launch import LocalView, agree_devices, detect_world, plan_devices
 
 
 def uuid(i: int) -> str:

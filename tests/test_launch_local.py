@@ -70,7 +70,7 @@ def test_local_spawn_listens_on_loopback_only(tmp_path: Path) -> None:
 
 
 def test_local_nproc_bound_names_the_limit() -> None:
-    from commbench.launch import check_local_nproc
+    from commbench.cluster.launch import check_local_nproc
 
     check_local_nproc(16, cores=2)
     with pytest.raises(ValueError, match=r"--nproc 100000 .* at most 16"):
@@ -81,7 +81,7 @@ def test_local_nproc_bound_names_the_limit() -> None:
 
 
 def test_core_blocks_split_the_allowed_cores_or_leave_oversubscribed_ranks_alone() -> None:
-    from commbench.launch import core_blocks, describe_cores
+    from commbench.cluster.launch import core_blocks, describe_cores
 
     assert core_blocks([0, 1], 2) == [{0}, {1}]
     assert core_blocks([0, 1, 2, 3, 4, 5, 6], 3) == [{0, 1}, {2, 3}, {4, 5}]  # core 6 left over
@@ -104,7 +104,7 @@ def _rank_cores(run: Path) -> tuple[int, list[str]]:
     not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 allowed cores"
 )
 def test_local_spawn_binds_each_rank_to_its_own_cores_unless_told_not_to(tmp_path: Path) -> None:
-    from commbench.launch import core_blocks, describe_cores
+    from commbench.cluster.launch import core_blocks, describe_cores
 
     allowed = sorted(os.sched_getaffinity(0))
     args = ["run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", "1K", "-e", "1K", "--nproc", "2", *FAST]

@@ -20,10 +20,10 @@ PRECS = ["fp32", "bf16", "fp8_e4m3_native", "fp8_e4m3_native:block128", "fp8_e5m
 
 
 def _world(rank: int, n: int, fail_static: bool) -> dict[str, Any]:
-    import commbench.fp8_ops as ops
-    from commbench.config import SuiteConfig, TimingConfig
-    from commbench.launch import Dist, WorldInfo
-    from commbench.sweep import Sweep
+    import commbench.measure.fp8_ops as ops
+    from commbench.cluster.launch import Dist, WorldInfo
+    from commbench.core.suite import SuiteConfig, TimingConfig
+    from commbench.measure.sweep import Sweep
 
     probes: list[str] = []
 
@@ -54,8 +54,8 @@ def _world(rank: int, n: int, fail_static: bool) -> dict[str, Any]:
             rows += [(r.collective, r.fp32_bytes, r.precision, r.wrong) for _, r in sweep.run_group(g)]
     import pandas as pd
 
-    from commbench.report import pitfalls
-    from commbench.rundata import RunData
+    from commbench.views.report import pitfalls
+    from commbench.views.rundata import RunData
 
     notes = pitfalls(RunData(run_dir=None, results=pd.DataFrame(), metadata={"skipped": sweep.unavailable}))  # type: ignore[arg-type]
     return {"planned": planned, "rows": rows, "printed": printed.getvalue(), "unavailable": sweep.unavailable,
@@ -96,9 +96,9 @@ def test_refused_on_one_rank_skipped_on_both_and_run_completes(world: tuple[bool
 
 
 def test_native_gate_shut_on_gloo_and_cpu() -> None:
-    from commbench.collectives import get_collective
-    from commbench.fp8_ops import _static_refusal, native_fp8_available
-    from commbench.precision import get_precision
+    from commbench.measure.collectives import get_collective
+    from commbench.measure.fp8_ops import _static_refusal, native_fp8_available
+    from commbench.measure.precision import get_precision
 
     assert native_fp8_available("gloo") is False
     assert "backend nccl" in (_static_refusal("gloo") or "")

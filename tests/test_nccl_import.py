@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 import commbench
-from commbench.nccl_import import NCCL_TYPES, import_nccl_tests, nccl_version_string
+from commbench.store.nccl_import import NCCL_TYPES, import_nccl_tests, nccl_version_string
 
 DATA = Path(__file__).parent / "data"
 ROW_RE = re.compile(r"^\s*\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s")
@@ -211,6 +211,6 @@ def test_imported_run_loads_like_a_commbench_run(tmp_path: Path) -> None:
     out = import_nccl_tests(DATA / "nccl_multi.txt", tmp_path / "run")
     df = commbench.load(out)
     # every results-schema column is present, extras after them
-    assert list(df.columns[: len(commbench.results.COLUMNS)]) == list(commbench.results.COLUMNS)
+    assert list(df.columns[: len(commbench.store.results.COLUMNS)]) == list(commbench.store.results.COLUMNS)
     assert {"placement", "redop", "root"} <= set(df.columns)
     assert pd.api.types.is_integer_dtype(df["size_bytes"])

@@ -23,14 +23,14 @@ import pytest
 import torch
 
 import commbench
-from commbench.emulate import EmulatedCluster, missing_requirements, mpi_env, slurm_env, start_job, start_ranks
-from commbench.launch import detect_world, lost_peer
-from commbench.metadata import merge_nodes, nics
-from commbench.report import build_tables, nodes_table, topology_tables
-from commbench.rundata import load_run
+from commbench.cluster.emulate import EmulatedCluster, missing_requirements, mpi_env, slurm_env, start_job, start_ranks
+from commbench.cluster.launch import detect_world, lost_peer
+from commbench.cluster.metadata import merge_nodes, nics
 from commbench.training.policies import get_policy
 from commbench.training.runner import Nodes
 from commbench.training.strategies import DDP, FSDP2, HSDP, INTER, INTRA
+from commbench.views.report import build_tables, nodes_table, topology_tables
+from commbench.views.rundata import load_run
 from tests.cli_util import FAST
 from tests.distutil import run_in_world
 

@@ -13,8 +13,8 @@ import pytest
 
 import commbench
 from commbench import cli
-from commbench import costmodel as cm
-from commbench.plan import Shape, plan
+from commbench.planning import costmodel as cm
+from commbench.planning.plan import Shape, plan
 from tests.cli_util import commbench as run_cli
 from tests.test_costmodel import ALPHA, BETA, link_points, synth
 

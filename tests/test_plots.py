@@ -18,8 +18,8 @@ import pytest
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from commbench import plots
-from commbench.rundata import human_bytes, human_rate, human_time
+from commbench.views import plots
+from commbench.views.rundata import human_bytes, human_rate, human_time
 from tests.views_util import fabricate_run, fabricate_training, real_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -224,7 +224,7 @@ def test_missing_run_dir_is_a_value_error(tmp_path: Path) -> None:
 def test_error_plot_keeps_coinciding_lines_and_draws_comm_error(tmp_path: Path) -> None:
     """Two precisions with the same error stay told apart (own marker, own width); the communication's own
     error (comm_rel_err, when a run has it) is drawn dashed; one legend below the panels, none inside."""
-    from commbench.results import write_table
+    from commbench.store.results import write_table
 
     run_dir = fabricate_run(tmp_path / "run", training=False, payloads=("normal",))
     df = pd.read_csv(run_dir / "results.csv")

@@ -20,9 +20,9 @@ import pandas as pd
 import pytest
 
 import commbench
-from commbench.metadata import build_metadata
-from commbench.records import CollectivePoint, Record, col, record_for_table
-from commbench.results import SCHEMA_VERSION, RunWriter, load, load_table, read_journal
+from commbench.cluster.metadata import build_metadata
+from commbench.core.records import CollectivePoint, Record, col, record_for_table
+from commbench.store.results import SCHEMA_VERSION, RunWriter, load, load_table, read_journal
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "results" / "examples" / "quick"
 
@@ -71,10 +71,10 @@ def test_columns_match_the_schema_1_example_header() -> None:
         "precision_gain_ci_low", "precision_gain_ci_high", "timing_mode",
     ]  # fmt: skip
     assert [c for c in CollectivePoint.columns() if c not in added] == header
-    assert [c for c in commbench.results.COLUMNS if c not in added] == header
+    assert [c for c in commbench.store.results.COLUMNS if c not in added] == header
     defaults = CollectivePoint.defaults()
     assert all(c in defaults for c in added)
-    assert commbench.results.POINT_KEY == ("collective", "precision", "payload", "fp32_bytes", "group")
+    assert commbench.store.results.POINT_KEY == ("collective", "precision", "payload", "fp32_bytes", "group")
     assert record_for_table("results") is CollectivePoint  # a subclass does not take the table over
 
 
@@ -167,7 +167,7 @@ def test_schema_1_example_still_loads(tmp_path: Path) -> None:
     assert len(training) == len((EXAMPLE / "training.csv").read_text().splitlines()) - 1 > 0
     assert all(isinstance(w, str) for w in training["warnings"])
     assert len(commbench.load_training_steps(EXAMPLE)) > 0
-    assert list(commbench.load_crossover(EXAMPLE).columns) == list(commbench.results.CROSSOVER_COLUMNS)
+    assert list(commbench.load_crossover(EXAMPLE).columns) == list(commbench.store.results.CROSSOVER_COLUMNS)
     # a schema-1 directory reduced to its journals (no CSV, no parquet) loads the same rows
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from commbench import report
-from commbench.nccl_import import import_nccl_tests
-from commbench.rundata import human_bytes, human_rate
+from commbench.store.nccl_import import import_nccl_tests
+from commbench.views import report
+from commbench.views.rundata import human_bytes, human_rate
 
 try:
     import tomllib
@@ -201,8 +201,8 @@ def test_a_figure_registered_here_appears_in_the_report(tmp_path: Path) -> None:
     """ARCHITECTURE.md's "add a plot" recipe: one `FIGURES.register` call, from this file alone."""
     import matplotlib.pyplot as plt
 
-    from commbench import plots
-    from commbench.rundata import RunData
+    from commbench.views import plots
+    from commbench.views.rundata import RunData
 
     caption = "Toy figure: points measured per collective (registered by a test)."
 
@@ -233,7 +233,7 @@ def test_a_figure_registered_here_appears_in_the_report(tmp_path: Path) -> None:
 
 
 def test_a_figure_name_is_registered_once() -> None:
-    from commbench import plots
+    from commbench.views import plots
 
     with pytest.raises(ValueError, match="already registered"):
         plots.FIGURES.register("busbw", "again")(lambda run: None)
@@ -253,7 +253,7 @@ def interval_run(run_dir: Path) -> Path:
     significantly from 1 MiB on. bf16 all_reduce is made a native precision that is slower in the collective
     itself (1.5x fp32's time, no encode/decode), as gloo's 16-bit reductions are.
     """
-    from commbench.results import crossover, write_table
+    from commbench.store.results import crossover, write_table
     from tests.views_util import fabricate_training
 
     fabricate_run(run_dir, payloads=("normal",), collectives=("all_reduce", "all_gather"), sizes=SIZES, training=False)

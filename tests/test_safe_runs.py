@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import commbench
-from commbench.results import RunDirError, RunWriter, load_metadata, read_journal
+from commbench.store.results import RunDirError, RunWriter, load_metadata, read_journal
 from tests.cli_util import FAST
 from tests.cli_util import commbench as run_cli
 from tests.views_util import fabricate_rows, fabricate_run
@@ -26,7 +26,7 @@ def _mode(p: Path) -> int:
 
 @pytest.mark.parametrize("mask", [0o022, 0o027])
 def test_files_honour_umask(tmp_path: Path, mask: int) -> None:
-    from commbench.report import write_report
+    from commbench.views.report import write_report
 
     old = os.umask(mask)
     try:
@@ -45,7 +45,7 @@ def test_files_honour_umask(tmp_path: Path, mask: int) -> None:
 
 
 def test_unfinished_run_report_says_so_at_the_top(tmp_path: Path) -> None:
-    from commbench.report import write_report
+    from commbench.views.report import write_report
 
     done = write_report(fabricate_run(tmp_path / "done"))
     unfinished = write_report(fabricate_run(tmp_path / "open", meta_extra={"end_time": None}))
@@ -107,8 +107,8 @@ def test_huge_size_refused_before_spawning(tmp_path: Path) -> None:
 
 
 def test_memory_estimate_sums_precisions() -> None:
-    from commbench.check import memory_problem, point_memory
-    from commbench.config import SuiteConfig
+    from commbench.core.suite import SuiteConfig
+    from commbench.measure.check import memory_problem, point_memory
 
     one = SuiteConfig(collectives=["all_gather"], precisions=["fp32"], min_bytes=1 << 20, max_bytes=1 << 20)
     two = SuiteConfig(collectives=["all_gather"], precisions=["fp32", "bf16"], min_bytes=1 << 20, max_bytes=1 << 20)

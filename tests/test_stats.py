@@ -1,4 +1,4 @@
-"""commbench.stats against independent references: binomial tables for the median's interval, simulated coverage."""
+"""commbench.core.stats against independent references: binomial tables for the median's interval, simulated coverage."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from commbench import stats
+from commbench.core import stats
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_rel_half_width() -> None:
 def test_adjust_many_reproduces_benjamini_hochberg_1995_example() -> None:
     from statistics import NormalDist
 
-    from commbench.stats import adjust_many
+    from commbench.core.stats import adjust_many
 
     # Benjamini & Hochberg (1995), section 4: 15 p-values, q = 0.05 rejects the four smallest.
     ps = [0.0001, 0.0004, 0.0019, 0.0095, 0.0201, 0.0278, 0.0298, 0.0344, 0.0459, 0.3240, 0.4262, 0.5719, 0.6528,
@@ -127,7 +127,7 @@ def test_adjust_many_reproduces_benjamini_hochberg_1995_example() -> None:
 def test_adjusted_intervals_exclude_zero_exactly_for_the_selected() -> None:
     import random
 
-    from commbench.stats import adjust_many
+    from commbench.core.stats import adjust_many
 
     rng = random.Random(7)
     for _ in range(200):
@@ -142,7 +142,7 @@ def test_adjusted_intervals_exclude_zero_exactly_for_the_selected() -> None:
 def test_identical_runs_give_about_no_significant_ratio_after_adjustment() -> None:
     import random
 
-    from commbench.stats import Z95, adjust_many
+    from commbench.core.stats import Z95, adjust_many
 
     # 100 ratios of two identical runs (true log-ratio 0, exact standard errors): marginal 95 % intervals exclude 0
     # for about 5 of them; the adjusted ones for none in at least 95 % of repetitions (FWER = FDR under the null).

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from commbench.stragglers import binomial_sf, stragglers
+from commbench.measure.stragglers import binomial_sf, stragglers
 
 
 def _table(waited_for: list[int], n_ranks: int, hosts: list[str] | None = None) -> pd.DataFrame:

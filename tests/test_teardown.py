@@ -16,7 +16,7 @@ import stress_teardown  # noqa: E402
 
 def _exit_process(joined: bool) -> subprocess.CompletedProcess[str]:
     code = (
-        "import sys, commbench.launch as launch\n"
+        "import sys, commbench.cluster.launch as launch\n"
         f"launch._joined_world = {joined}\n"
         "sys.stdout.write('written before exit')\n"  # no newline: still in the pipe's buffer
         "sys.stderr.write('warning before exit')\n"

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from commbench.timing import calibrate, run_sample
+from commbench.measure.timing import calibrate, run_sample
 
 
 class FakeClock:
@@ -72,7 +72,7 @@ def test_sync_called_once_per_sample() -> None:
 
 
 def _rounds(clock: FakeClock, contenders, **kw):  # type: ignore[no-untyped-def]
-    from commbench.timing import measure_rounds
+    from commbench.measure.timing import measure_rounds
 
     args = dict(
         warmup=1, min_time_s=0.01, min_iters=1, max_iters=1000, min_rounds=6, max_rounds=50,
@@ -132,7 +132,7 @@ def test_rounds_rotate_the_order_and_pair_drift() -> None:
     timed = order[-8 * 20 :]
     firsts = [timed[i * 20] for i in range(8)]
     assert firsts == ["a", "b"] * 4
-    from commbench.stats import paired_ratio_ci
+    from commbench.core.stats import paired_ratio_ci
 
     e = paired_ratio_ci(r.per_sample_total(1), r.per_sample_total(0))
     assert e.value == pytest.approx(2.0) and e.low == pytest.approx(2.0) and e.high == pytest.approx(2.0)
@@ -291,7 +291,7 @@ class FakeEvent:
 
 
 def test_event_timer_times_the_device_work_of_k_ops() -> None:
-    from commbench.timing import event_timer
+    from commbench.measure.timing import event_timer
 
     dev, log = FakeDevice(op_s=1e-3, host_s=1e-5), []
     timer = event_timer(lambda: FakeEvent(dev, log))
@@ -307,7 +307,7 @@ def test_event_timer_times_the_device_work_of_k_ops() -> None:
 
 
 def test_rounds_with_the_event_timer_report_device_time_per_op() -> None:
-    from commbench.timing import event_timer, measure_rounds
+    from commbench.measure.timing import event_timer, measure_rounds
 
     dev, log = FakeDevice(op_s=2e-4, host_s=1e-6), []
     r = measure_rounds(

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commbench.records import TrainingStep, TrainingSummary
+from commbench.core.records import TrainingStep, TrainingSummary
 from commbench.training import TrainingConfig
 from commbench.training.models import build_model
 from commbench.training.policies import Policy, get_policy, list_policies, register_policy, unregister_policy

@@ -18,10 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from commbench.collectives import get_collective
-from commbench.metadata import build_metadata
-from commbench.records import CollectivePoint
-from commbench.results import records_frame, write_table
+from commbench.cluster.metadata import build_metadata
+from commbench.core.records import CollectivePoint
+from commbench.measure.collectives import get_collective
+from commbench.store.results import records_frame, write_table
 
 REPO = Path(__file__).resolve().parents[1]
 

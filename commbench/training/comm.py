@@ -44,8 +44,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from commbench.collectives import COLLECTIVES
-from commbench.precision import nccl_type_name
+from commbench.measure.collectives import COLLECTIVES
+from commbench.measure.precision import nccl_type_name
 
 if TYPE_CHECKING:  # torch is imported where tensors are met: the byte formulas (`bus_factor`) need none
     import torch

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.config import check_settings, count, flag, positive, setting
+from commbench.core.settings import check_settings, count, flag, positive, setting
 from commbench.training.models import MODELS, check_shape
 from commbench.training.policies import list_policies
 

@@ -6,7 +6,7 @@ size, all-reduce, copy back into the fp32 bucket (so gradients never stay in low
 communication).
 
 The codec hook (`codec_hook("fp8_e4m3")`) cannot all-reduce fp8 (gloo refuses fp8 dtypes, and summing fp8
-along a ring re-encodes at every hop). It runs the chunked all_reduce of `commbench.chunked` (ZeRO++ qgZ:
+along a ring re-encodes at every hop). It runs the chunked all_reduce of `commbench.measure.chunked` (ZeRO++ qgZ:
 encode n chunks, all_to_all, decode and sum the owned chunk in fp32, re-encode, all_gather, decode) on the
 bucket divided by the world size, in the split wire layout (codes as uint8, scales as float32 calls). It is
 asynchronous, like torch's own hooks: it returns at once with a future that completes when the
@@ -35,10 +35,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commbench.chunked import ChunkedAllReduce
-from commbench.codec import Codec, get_codec
-from commbench.collectives import COLLECTIVES
-from commbench.precision import nccl_type_name
+from commbench.measure.chunked import ChunkedAllReduce
+from commbench.measure.codec import Codec, get_codec
+from commbench.measure.collectives import COLLECTIVES
+from commbench.measure.precision import nccl_type_name
 
 # DDP checks hook annotations against the real classes, so this module keeps annotations evaluated
 # (no `from __future__ import annotations`) and annotates `bucket` as dist.GradBucket.

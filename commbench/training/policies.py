@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from commbench.precision import torch_dtype
+from commbench.measure.precision import torch_dtype
 from commbench.training.strategies import (
     ADAM_FP32,
     ALL_REDUCE,

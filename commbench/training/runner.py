@@ -59,8 +59,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from commbench import stats
-from commbench.records import TrainingStep, TrainingSummary
+from commbench.core import stats
+from commbench.core.records import TrainingStep, TrainingSummary
 from commbench.training import pitfalls as pitfalls_mod
 from commbench.training.comm import CommCounter, comm_time_per_step, dtype_name, wire_bytes
 from commbench.training.config import TrainingConfig
@@ -705,7 +705,7 @@ def build_rows(
     gdrifts = [abs(row.grad_norm_drift) for row in step_rows if math.isfinite(row.grad_norm_drift)]
     base_summary = _base_numbers(baseline, section, n) if baseline is not None else {}
     # Step times are sampled policy after policy, so the speed-up is an unpaired ratio of the two medians'
-    # order-statistic intervals (commbench.stats), not a paired one.
+    # order-statistic intervals (commbench.core.stats), not a paired one.
     step_ci = stats.median_ci(times)
     comm_time = run.comm_time_us or stats.Estimate(math.nan, math.nan, math.nan, 0)
     speedup = stats.Estimate(math.nan, math.nan, math.nan, 0)

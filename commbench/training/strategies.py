@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from commbench.precision import torch_dtype
+from commbench.measure.precision import torch_dtype
 from commbench.training.comm import bus_factor, dtype_name
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from commbench.training.hooks import HookFn
 
-# Dtypes are stored by torch's name for them (``torch.<name>``, as in `commbench.precision`) and resolved with
+# Dtypes are stored by torch's name for them (``torch.<name>``, as in `commbench.measure.precision`) and resolved with
 # `torch_dtype` only where tensors or torch objects are made, so the policy registry (`commbench list`) and the
 # byte formulas' inputs need no torch at import.
 
@@ -301,7 +301,7 @@ class CodecHook(GradComm):
         return codec_hook_bytes(self.codec, list(bucket_numels) or default_bucket_numels(psi), world_size)
 
     def notes(self) -> list[str]:
-        return [f"codec: {self.codec} (commbench.chunked)"]
+        return [f"codec: {self.codec} (commbench.measure.chunked)"]
 
 
 ALL_REDUCE = AllReduceHook()

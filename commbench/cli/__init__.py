@@ -1,0 +1,556 @@
+"""Sub-commands and argument parsing. Bad input raises :class:`CLIError` (one line, exit code 2); a failed
+rank exits 1. ``sys.exit`` happens only in ``__main__``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from commbench import __version__
+from commbench.core.suite import (
+    BACKENDS,
+    DEVICE_TIMERS,
+    PAYLOADS,
+    TIMING_MODES,
+    SuiteConfig,
+    TimingConfig,
+    load_suite,
+    resolve_suite_path,
+    suite_from_dict,
+)
+from commbench.core.units import SIZE_HELP, format_size, parse_size
+
+DEFAULT_SUITE = "quick"
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+"""torch's own collective timeout (``launch.DEFAULT_COLLECTIVE_TIMEOUT_S``, which the ranks use), written out so that
+``--help`` needs no torch import; ``tests/test_launch_device.py`` checks the two agree."""
+
+DEFAULT_EXIT_GRACE_S = 5.0
+"""Seconds a local spawn's supervisor lets the other ranks end on their own after one died (``launch.spawn_local``)."""
+
+
+class CLIError(ValueError):
+    """Bad input: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's default exits itself; we want one line and code 2
+        raise CLIError(f"{message} (see `{self.prog} --help`)")
+
+
+def _csv_list(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return items
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def _suite_defaults() -> dict[str, str]:
+    """What the default suite sets, as the help shows it: read from its TOML file (no import of the training
+    section, so `--help` stays instant), timing keys it leaves out from TimingConfig's defaults."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(resolve_suite_path(DEFAULT_SUITE).read_text())
+    except (OSError, ValueError):
+        data = {}
+    timing = {f: getattr(TimingConfig(), f) for f in TimingConfig.__slots__}  # type: ignore[attr-defined]
+    timing.update(data.get("timing") or {})
+    def show(v: Any) -> str:
+        return ",".join(map(str, v)) if isinstance(v, list) else ("yes" if v else "no") if isinstance(v, bool) else str(v)
+
+    out = {k: show(v) for k, v in data.items() if not isinstance(v, dict)}
+    for k in ("min_bytes", "max_bytes"):
+        if k in out:
+            out[k] = format_size(parse_size(out[k]))
+    out.update({f"timing.{k}": f"{v:g}" if isinstance(v, float) else str(v) for k, v in timing.items()})
+    out["training"] = "yes" if "training" in data else "no"
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="commbench", description="Communication-precision benchmarks for distributed PyTorch.")
+    q = _suite_defaults()
+
+    def dflt(key: str) -> str:
+        """'(default: the suite's; quick: 1K)': a flag left out keeps the suite's value."""
+        return f"(default: the suite's value; {DEFAULT_SUITE}: {q.get(key, 'unset')})"
+
+    p.add_argument("--version", action="version", version=f"commbench {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    r = sub.add_parser(
+        "run",
+        help="run a suite (default: the quick suite on a local group)",
+        description=f"Run a suite. Sizes: {SIZE_HELP}. A flag left out keeps the suite's value; the defaults "
+        f"shown are the {DEFAULT_SUITE} suite's.",
+    )
+    r.add_argument("suite", nargs="?", help=f"suite name or TOML file (default: {DEFAULT_SUITE}; see `commbench list`)")
+    r.add_argument("--collectives", type=_csv_list, help=f"comma-separated collectives {dflt('collectives')}")
+    r.add_argument(
+        "--groups", type=_csv_list,
+        help="comma-separated communicator groups: world, intra (one per node), inter (one per local rank "
+        f"across nodes) {dflt('groups')}",
+    )  # fmt: skip
+    r.add_argument("--precisions", type=_csv_list, help=f"comma-separated precisions, e.g. fp32,bf16,fp8_e4m3:block128 {dflt('precisions')}")
+    r.add_argument("-b", "--minbytes", type=_size, help=f"smallest fp32 tensor size, e.g. 8, 64K, 1MB {dflt('min_bytes')}")
+    r.add_argument("-e", "--maxbytes", type=_size, help=f"largest fp32 tensor size {dflt('max_bytes')}")
+    r.add_argument("-f", "--stepfactor", type=_positive_int, help=f"multiplicative size step (>= 2) {dflt('factor')}")
+    r.add_argument("--nproc", type=int, help="local ranks to spawn when not under torchrun/Slurm/MPI (default: one per GPU if >= 2, else 2)")
+    r.add_argument("--backend", choices=BACKENDS, default="auto", help="process group backend (default: auto = nccl when every rank has a GPU, else gloo)")
+    r.add_argument("--out", type=Path, help="run directory (default: results/<UTC time>-<host>-<backend>-n<world>)")
+    r.add_argument("--payload", choices=PAYLOADS, help=f"value distribution for the error measurement {dflt('payload')}")
+    r.add_argument("--check", dest="check", action="store_true", default=None, help=f"count wrong elements {dflt('check')}")
+    r.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness pass")
+    r.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run, skipping finished points (default: a new run)")
+    r.add_argument(
+        "--timeout", "--collective-timeout", dest="timeout", type=_positive_float, metavar="S",
+        help="collective timeout: seconds a rank waits for its peers in one collective (and at the rendezvous) "
+        "before it gives up, the process group's timeout (NCCL's watchdog); a hung rank is named when it expires "
+        f"(default: torch's, {DEFAULT_COLLECTIVE_TIMEOUT_S:g})",
+    )  # fmt: skip
+    r.add_argument(
+        "--exit-grace", type=_positive_float, default=DEFAULT_EXIT_GRACE_S, metavar="S",
+        help="local spawn: a rank that dies is seen at once; seconds the other ranks then get to end on their own "
+        f"(their last lines name the cause) before they are stopped (default: {DEFAULT_EXIT_GRACE_S:g})",
+    )  # fmt: skip
+    r.add_argument(
+        "--device-timer", choices=DEVICE_TIMERS,
+        help="how a sample's k ops are timed on a GPU: host (host clock around the ops and one synchronize, as "
+        "nccl-tests) or events (CUDA events on the current stream; CUDA only) " + dflt("timing.device_timer"),
+    )  # fmt: skip
+    r.add_argument(
+        "--nccl-debug", action="store_true",
+        help="log NCCL's choices at init (NCCL_DEBUG=INFO, subsystems INIT,NET) to <run dir>/logs/nccl.<host>.rank<r>.log "
+        "and show each rank's transport (NVLS, P2P, SHM, IB, Socket) in the report's Nodes table (default: off)",
+    )  # fmt: skip
+    r.add_argument("--warmup", type=_positive_int, help=f"untimed calls per phase before calibration {dflt('timing.warmup')}")
+    r.add_argument("--min-time", type=_positive_float, help=f"minimum seconds per sample (calibrates k) {dflt('timing.min_time_s')}")
+    r.add_argument("--min-iters", type=_positive_int, help=f"minimum back-to-back ops per sample (nccl-tests' -n) {dflt('timing.min_iters')}")
+    r.add_argument("--repeats", type=_positive_int, help=f"minimum samples per point (6 reach a 95 %% interval) {dflt('timing.repeats')}")
+    r.add_argument("--target-ci", type=_positive_float, help=f"target relative half-width of each point's 95 %% interval {dflt('timing.target_ci')}")
+    r.add_argument("--max-time", type=_positive_float, help=f"seconds of sampling per size before a point is left noisy {dflt('timing.budget_s')}")
+    r.add_argument("--timing-mode", choices=TIMING_MODES, help=f"stream: k back-to-back ops per sample (nccl-tests); isolated: one op after --gap seconds of compute, as a training step issues it {dflt('timing.mode')}")
+    r.add_argument("--gap", type=_positive_float, help=f"isolated mode: seconds of compute before each timed op {dflt('timing.gap_s')}")
+    r.add_argument("--passes", type=_positive_int, help=f"visits of the whole grid, each taking its share of every point's rounds {dflt('timing.passes')}")
+    r.add_argument("--no-training", action="store_true", help=f"skip the suite's [training] section (default: run it; {DEFAULT_SUITE} has one: {q.get('training', 'no')})")
+    r.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report at the end (default: write it)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar on a terminal's stderr)")
+
+    sub.add_parser("list", help="list collectives, precisions and suites")
+
+    rep = sub.add_parser("report", help="write report.html and report.md for a run directory")
+    rep.add_argument("run_dir", type=Path)
+    rep.add_argument("--out", type=Path, help="where to write (default: the run directory)")
+
+    cmp_ = sub.add_parser("compare", help="compare two or more run directories")
+    cmp_.add_argument("run_dirs", type=Path, nargs="+")
+    cmp_.add_argument("--labels", type=_csv_list, help="one label per run, comma-separated")
+    cmp_.add_argument("--out", type=Path, help="output directory (default: compare-<A>-vs-<B> next to the first run)")
+    cmp_.add_argument(
+        "--min-effect", type=float, default=0.0,
+        help="also require a ratio to differ from 1 by at least this fraction to be significant (default 0)",
+    )  # fmt: skip
+
+    imp = sub.add_parser("import", help="import another tool's output into a run directory")
+    imp.add_argument("tool", choices=["nccl-tests"])
+    imp.add_argument("file", type=Path)
+    imp.add_argument("--out", type=Path, required=True, help="new run directory")
+    imp.add_argument("--collective", help="collective of every block when the file does not say")
+
+    ft = sub.add_parser("fit", help="fit a latency-bandwidth cost model to run directories")
+    ft.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    ft.add_argument("--out", type=Path, required=True, help="model JSON to write (e.g. model.json)")
+
+    pl = sub.add_parser("plan", help="capacity plan: memory, bytes and predicted time per strategy x precision")
+    pl.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR", help="fit a cost model to this run directory")
+    pl.add_argument("--model", type=Path, help="cost model JSON from `commbench fit`")
+    pl.add_argument("--params", type=_positive_float, required=True, help="parameters, Psi (e.g. 7e9)")
+    pl.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
+    pl.add_argument("--gpus-per-node", type=_positive_int, default=8, help="ranks per node (default 8)")
+    pl.add_argument("--strategies", type=_csv_list, help="comma-separated, default all: ddp,zero1,zero2,zero3,fsdp,hsdp")
+    pl.add_argument("--precisions", type=_csv_list, help="comma-separated, default all: fp32,bf16,fp8")
+    pl.add_argument("--optimizer", default="adam", help="adam | sgd (default adam)")
+    pl.add_argument("--layers", type=_positive_int, help="transformer layers (FSDP units, activations)")
+    pl.add_argument("--hidden", type=_positive_int, help="hidden size h (activations)")
+    pl.add_argument("--heads", type=_positive_int, help="attention heads a (default h/128)")
+    pl.add_argument("--seq", type=_positive_int, help="sequence length s (activations, tokens)")
+    pl.add_argument("--micro-batch", type=_positive_int, help="micro-batch b per rank (activations, tokens)")
+    pl.add_argument("--device-memory", type=_size, help="memory per device (80G; 1024-based)")
+    pl.add_argument("--compute-ms", type=_positive_float, help="compute time per step and rank, ms")
+    pl.add_argument("--tflops", type=_positive_float, help="device peak TFLOP/s (with --mfu)")
+    pl.add_argument("--mfu", type=_positive_float, help="model flops utilisation, 0..1 (with --tflops)")
+    pl.add_argument("--overlap", type=float, default=None, help="fraction of compute comm hides behind (default 2/3)")
+    pl.add_argument("--out", type=Path, required=True, help="output directory (plan.csv, plan.md, plan.html)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `python -m commbench [run flags]` is `run` on the default suite, like a bare nccl-tests binary.
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["run", *argv]
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            raise CLIError(f"no command given; valid commands: {', '.join(COMMANDS)}")
+        command = COMMANDS.get(args.command)
+        if command is None:
+            raise CLIError(f"unknown command {args.command!r}")
+        return command(args, argv)
+    except CLIError as e:
+        print(f"commbench: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # validation from config/registries/results: one line, exit 2
+        print(f"commbench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        # a spawned rank stays silent: its launcher prints the one line, with the command that resumes
+        if not os.environ.get("COMMBENCH_PARENT_PID"):
+            print("commbench: interrupted", file=sys.stderr)
+        return 130
+
+
+# ----------------------------------------------------------------------------------------------- run
+
+
+SUITE_OVERRIDES: dict[str, str] = {
+    "collectives": "collectives",
+    "precisions": "precisions",
+    "groups": "groups",
+    "min_bytes": "minbytes",
+    "max_bytes": "maxbytes",
+    "factor": "stepfactor",
+    "payload": "payload",
+    "check": "check",
+}
+"""Suite field -> `run` flag (argparse dest) that overrides it when given."""
+
+
+def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
+    if args.resume is not None and args.suite is None:
+        from commbench.store.results import load_metadata
+
+        meta = load_metadata(args.resume)
+        suite_dict = dict(meta["suite"])
+        suite_dict.pop("timing", None)
+        timing = meta["suite"].get("timing", {})
+        training = suite_dict.pop("training", None)
+        suite = suite_from_dict({**suite_dict, "timing": timing})
+        if training is not None:
+            from dataclasses import replace
+
+            from commbench.training.config import TrainingConfig
+
+            suite = replace(suite, training=TrainingConfig.from_dict(training))
+    else:
+        suite = load_suite(args.suite or DEFAULT_SUITE)
+    flags = (
+        ("warmup", args.warmup), ("min_time_s", args.min_time), ("min_iters", args.min_iters), ("repeats", args.repeats),
+        ("target_ci", args.target_ci), ("budget_s", args.max_time), ("passes", args.passes),
+        ("mode", args.timing_mode), ("gap_s", args.gap), ("device_timer", args.device_timer),
+    )  # fmt: skip
+    timing = {k: v for k, v in flags if v is not None}
+    if args.no_training and suite.training is not None:
+        from dataclasses import replace
+
+        if not suite.collectives:
+            raise CLIError(f"suite {suite.name!r} has only a [training] section; --no-training leaves nothing to run")
+        suite = replace(suite, training=None)
+    overrides = {field: getattr(args, flag) for field, flag in SUITE_OVERRIDES.items()}
+    try:
+        return suite.with_overrides(**overrides, timing=timing)
+    except TypeError as e:
+        raise CLIError(str(e)) from None
+
+
+def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.cli.orchestrate import check_resume, default_run_dir, memory_check, report_after_run, run_worker
+    from commbench.cluster.launch import (
+        RankFailure,
+        check_local_nproc,
+        default_nproc,
+        detect_world,
+        resolve_backend,
+        spawn_local,
+    )
+    from commbench.store.results import LOGS_DIR, RunDirError, check_new_run_dir, load_metadata
+
+    suite = resolve_suite(args)  # validate before anything is spawned or written
+    info = detect_world()
+    if info is not None:
+        return run_worker(args, suite)
+    meta = load_metadata(args.resume) if args.resume is not None else None
+    if args.nproc is not None:
+        nproc = args.nproc
+    elif meta is not None:
+        # a resumed local run continues with the world it started with
+        nproc = meta.get("world_size")
+        if not isinstance(nproc, int) or nproc < 1:
+            raise CLIError(f"cannot resume {args.resume}: its metadata.json records no world size (an imported run?)")
+    else:
+        nproc = default_nproc()
+    if nproc < 1:
+        raise CLIError(f"--nproc must be >= 1, got {nproc}")
+    check_local_nproc(nproc)
+    requested = args.backend
+    if meta is not None and requested == "auto" and isinstance(meta.get("backend"), str):
+        requested = meta["backend"]
+    backend = resolve_backend(requested, 0, nproc)
+    if suite.timing.device_timer == "events" and backend != "nccl":
+        raise CLIError(f"--device-timer events needs CUDA devices: this run would use {backend} on the CPU; use --device-timer host")
+    # the supervisor never touches CUDA: free device memory comes from NVML (None without it: the check is skipped)
+    memory_check(suite, nproc, backend, nproc, device_free=supervisor_free_memory(backend))
+    child_argv = list(argv)
+    if args.backend == "auto" and meta is None:
+        # every rank of a local spawn sees the same GPUs, so the supervisor's decision is theirs: say it
+        child_argv += ["--backend", backend]
+    if meta is not None:
+        if meta.get("world_size") != nproc or meta.get("backend") != backend:
+            raise CLIError(
+                f"cannot resume {args.resume}: it ran {meta.get('world_size')} ranks on {meta.get('backend')}, this run would use {nproc} on {backend}"
+            )
+        check_resume(args.resume, meta, suite)
+        out = args.resume
+        if args.backend == "auto":
+            child_argv += ["--backend", backend]
+    else:
+        out = args.out or default_run_dir(backend, nproc)
+        try:
+            check_new_run_dir(out)
+            out.mkdir(parents=True, exist_ok=True)
+        except RunDirError as e:
+            raise CLIError(str(e)) from None
+        except OSError as e:
+            raise CLIError(f"output directory {out} cannot be created: {e.strerror}") from None
+        if args.out is None:
+            child_argv += ["--out", str(out)]
+    os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed, not our re-exec
+    try:
+        spawn_local(
+            child_argv + ["--no-report"], nproc, timeout_s=args.timeout, grace_s=args.exit_grace, log_dir=out / LOGS_DIR
+        )
+    except KeyboardInterrupt:
+        print(f"\ncommbench: interrupted; {resume_hint(args, out)}", file=sys.stderr)
+        return 130
+    except RankFailure as e:
+        print(f"commbench: error: {e}", file=sys.stderr)
+        for line in e.ranks:
+            print(f"commbench:   {line}", file=sys.stderr)
+        if (out / "metadata.json").exists():
+            print(f"commbench: finished points are kept in {out} (continue with --resume {out})", file=sys.stderr)
+        return 1
+    if not args.no_report:
+        report_after_run(out)
+    return 0
+
+
+def supervisor_free_memory(backend: str) -> int | None:
+    """Free bytes on the visible GPU with least, for the memory estimate of a local NCCL spawn, read through NVML
+    (never a CUDA context in the supervisor); None for gloo, or without NVML (the device check is then skipped,
+    with a note)."""
+    if backend != "nccl":
+        return None
+    from commbench.cluster import nvml
+
+    free = nvml.min_free_bytes()
+    if free is None:
+        print(
+            f"commbench: note: device memory not checked before the start ({nvml.INSTALL_HINT} lets the supervisor "
+            "read it without a CUDA context); rank 0 checks its own GPU once started",
+            file=sys.stderr,
+        )
+    return free
+
+
+def resume_hint(args: argparse.Namespace, out: Path) -> str:
+    """The exact command that continues this run (finished points are on disk), or why there is nothing to
+    continue. Flags that must match the interrupted world (ranks, backend) are repeated."""
+    import shlex
+
+    if not (out / "metadata.json").exists():
+        return "nothing was measured yet"
+    cmd = ["python", "-m", "commbench", "run", "--resume", str(out)]
+    if args.nproc is not None:
+        cmd += ["--nproc", str(args.nproc)]
+    if args.backend != "auto":
+        cmd += ["--backend", args.backend]
+    if args.timeout is not None:
+        cmd += ["--timeout", f"{args.timeout:g}"]
+    if args.exit_grace != DEFAULT_EXIT_GRACE_S:
+        cmd += ["--exit-grace", f"{args.exit_grace:g}"]
+    if args.nccl_debug:
+        cmd += ["--nccl-debug"]
+    cmd += [flag for flag, on in (("--no-training", args.no_training), ("--no-report", args.no_report),
+                                  ("--quiet", args.quiet)) if on]  # fmt: skip
+    return "finished points are kept; continue with: " + " ".join(shlex.quote(c) for c in cmd)
+
+
+def cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.core.suite import available_suites
+    from commbench.measure.collectives import COLLECTIVES
+    from commbench.measure.precision import get_precision, precision_help, precision_names
+
+    print("collectives (size definition; busbw factor):")
+    for name, coll in COLLECTIVES.items():
+        print(f"  {name:<16} {getattr(coll, 'description', '')}")
+    print("precisions (name[:option]):")
+    helps = precision_help()
+    for name in precision_names():
+        prec = get_precision(name)
+        extra = f"  options: {helps[name]}" if helps.get(name) else ""
+        print(f"  {name:<16} {prec.impl:<10} wire {prec.nccl_type:<9} {prec.description}{extra}")
+    print("suites:")
+    for name, path in available_suites().items():
+        print(f"  {name:<16} {path}")
+    try:
+        from commbench.training import list_policies
+
+        print("training policies:")
+        print("  " + ", ".join(list_policies()))
+    except ImportError:
+        pass
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.store.results import load_metadata
+    from commbench.views.report import write_report
+
+    load_metadata(args.run_dir)  # a clear error for a missing/foreign directory
+    paths = write_report(args.run_dir, args.out)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.store.results import load_metadata
+    from commbench.views.compare import compare_runs, compare_warnings, console_lines
+
+    if len(args.run_dirs) < 2:
+        raise CLIError("compare needs at least two run directories")
+    for r in args.run_dirs:
+        load_metadata(r)
+    if args.labels is not None and len(args.labels) != len(args.run_dirs):
+        raise CLIError(f"--labels has {len(args.labels)} labels for {len(args.run_dirs)} runs")
+    # next to the runs compared (the first one's parent), never into the caller's working directory
+    first = Path(args.run_dirs[0]).resolve()
+    names = "-vs-".join(Path(d).resolve().name for d in args.run_dirs[:3])
+    out = args.out or first.parent / f"compare-{names}"
+    for w in compare_warnings(args.run_dirs, args.labels):
+        print(f"commbench: warning: {w}", file=sys.stderr)
+    paths = compare_runs(args.run_dirs, args.labels, out, min_effect=args.min_effect)
+    for line in console_lines(paths["csv"]):
+        print(line)
+    print(f"# compare: {paths['html']} (also compare.md, compare.csv)")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.store.nccl_import import import_nccl_tests
+
+    if not args.file.is_file():
+        raise CLIError(f"nccl-tests file {str(args.file)!r} does not exist")
+    out = import_nccl_tests(args.file, args.out, collective=args.collective)
+    print(f"imported {args.file} -> {out}")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.planning.costmodel import main_fit
+    from commbench.store.results import load_metadata
+
+    for r in args.run_dirs:
+        load_metadata(r)  # a clear error for a missing/foreign directory
+    print(main_fit(args.run_dirs, args.out))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.planning.plan import OVERLAP, PRECISIONS, STRATEGIES, format_plan, plan, write_plan
+
+    if args.model is not None and args.run_dir is not None:
+        raise CLIError("give either --model model.json or a RUN_DIR, not both")
+    if args.run_dir is not None:
+        from commbench.store.results import load_metadata
+
+        load_metadata(args.run_dir)
+    df = plan(
+        params=args.params,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        strategies=args.strategies or list(STRATEGIES),
+        precisions=args.precisions or list(PRECISIONS),
+        optimizer=args.optimizer,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        seq=args.seq,
+        micro_batch=args.micro_batch,
+        device_memory=args.device_memory,
+        compute_ms=args.compute_ms,
+        tflops=args.tflops,
+        mfu=args.mfu,
+        overlap=OVERLAP if args.overlap is None else args.overlap,
+        model=args.model if args.model is not None else args.run_dir,
+    )
+    paths = write_plan(df, args.out, args.device_memory)
+    print(format_plan(df))
+    for k, v in df.attrs.get("skipped", {}).items():
+        print(f"# not an option: {k}: {v}")
+    for kind in ("csv", "md", "html"):
+        print(f"{kind}: {paths[kind]}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
+    "run": cmd_run,
+    "list": cmd_list,
+    "report": cmd_report,
+    "compare": cmd_compare,
+    "import": cmd_import,
+    "fit": cmd_fit,
+    "plan": cmd_plan,
+}
+"""Sub-command -> handler (parsed arguments, the argv as typed) -> exit code."""
+
+
+def console_main() -> None:
+    """Entry point of the ``commbench`` console script."""
+    sys.exit(main())

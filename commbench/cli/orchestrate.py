@@ -1,0 +1,344 @@
+"""Rank-side orchestration of a run: join the world, let rank 0 own the run directory and its metadata,
+drive the sweep and the training section, and write the report afterwards. Argument parsing and exit
+codes belong to `commbench.cli`; what is printed belongs to `commbench.measure.console`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from commbench.core.suite import SuiteConfig
+from commbench.core.units import format_size
+from commbench.measure import console
+
+__all__ = ["default_run_dir", "memory_check", "report_after_run", "resume_conflicts", "run_metadata", "run_worker"]
+
+RESUME_FIXED: dict[str, str] = {
+    "collectives": "--collectives",
+    "precisions": "--precisions",
+    "min_bytes": "-b/--minbytes",
+    "max_bytes": "-e/--maxbytes",
+    "factor": "-f/--stepfactor",
+    "payload": "--payload",
+    "check": "--check/--no-check",
+    "seed": "the suite's seed",
+    "timing": "--warmup/--min-time/--repeats",
+}
+"""Suite fields a resumed run must keep (with the flags that set them): they decide which rows exist and how
+they were measured, so new rows under other values would mix silently with the old ones."""
+
+
+def resume_conflicts(meta: dict[str, Any], suite: SuiteConfig) -> list[str]:
+    """What ``suite`` changes against the run recorded in ``meta`` (``metadata.json``), one phrase each."""
+    old = dict(meta.get("suite") or {})
+    new = suite.to_dict()
+    if isinstance(old.get("timing"), dict):
+        # a timing setting added after the run was made took its default then: fill it in, so the run resumes
+        from dataclasses import asdict
+
+        from commbench.core.suite import TimingConfig
+
+        old["timing"] = {**asdict(TimingConfig()), **old["timing"]}
+    out = []
+    for key, flag in RESUME_FIXED.items():
+        if key in old and old[key] != new.get(key):
+            out.append(f"{key} {old[key]!r} -> {new.get(key)!r} ({flag})")
+    return out
+
+
+def check_resume(run_dir: Path, meta: dict[str, Any], suite: SuiteConfig) -> None:
+    """Refuse (ValueError, one line) to resume ``run_dir`` with settings that differ from its own."""
+    diff = resume_conflicts(meta, suite)
+    if diff:
+        raise ValueError(
+            f"cannot resume {run_dir}: the rows already there were measured with other settings: {'; '.join(diff)}; "
+            f"resume with `--resume {run_dir}` alone, or start a new run"
+        )
+
+
+def memory_check(
+    suite: SuiteConfig, n: int, backend: str, local_ranks: int, device: Any = None, *, device_free: int | None = None
+) -> None:
+    """Refuse (ValueError, one line) a suite whose largest size cannot fit in host or device memory.
+
+    The supervisor of a local spawn passes ``device_free`` (read through NVML: it must not create a CUDA context)
+    and no ``device``; a rank passes its own ``device``, whose free memory it reads itself."""
+    from commbench.cluster.launch import device_free_bytes
+    from commbench.measure.check import host_available_bytes, memory_problem
+
+    on_gpu = backend == "nccl"
+    if device_free is None and device is not None:
+        device_free = device_free_bytes(device)
+    problem = memory_problem(suite, n, backend, local_ranks, on_gpu, host_available_bytes(), device_free)
+    if problem:
+        raise ValueError(problem)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def default_run_dir(backend: str, world: int) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    return Path("results") / f"{stamp}-{host}-{backend}-n{world}"
+
+
+def report_after_run(out: Path) -> None:
+    try:
+        from commbench.views.report import write_report
+    except ImportError:
+        return
+    try:
+        console.report_progress("writing figures and tables (a few seconds per figure)")
+        paths = write_report(out, progress=console.report_progress)
+        print(f"# report: {paths.get('html', out / 'report.html')}")
+    except Exception as e:  # the measurements are safe on disk; a report failure must not hide that
+        print(
+            f"commbench: warning: report failed ({type(e).__name__}: {e}); run `commbench report {out}` again",
+            file=sys.stderr,
+        )
+
+
+def run_metadata(
+    suite: SuiteConfig,
+    d: Any,
+    argv: list[str],
+    start: str,
+    nodes: list[dict[str, Any]] | None = None,
+    *,
+    collective_timeout_s: float | None = None,
+) -> dict[str, Any]:
+    from commbench.cluster.metadata import run_metadata as build
+
+    return build(suite, d, argv, start, nodes, collective_timeout_s=collective_timeout_s)
+
+
+def nccl_debug_path(out: Any, rank: int) -> Path:
+    """Where rank ``rank``'s NCCL log goes with ``--nccl-debug``: the run directory's logs when it is known before
+    the world starts (a local spawn always passes it), else a temporary directory; the host is in the name, so
+    ranks of several nodes can share a run directory on a shared file system."""
+    import tempfile
+
+    from commbench.store.results import LOGS_DIR
+
+    base = Path(out) / LOGS_DIR if out else Path(tempfile.gettempdir()) / "commbench-nccl"
+    return base / f"nccl.{socket.gethostname()}.rank{rank}.log"
+
+
+def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
+    """One rank of the run (spawned locally, or started by torchrun / srun / mpirun)."""
+    import torch.distributed as dist
+
+    from commbench.cluster.launch import (
+        detect_world,
+        init_world,
+        release_memory,
+        set_parent_death_signal,
+        shutdown_world,
+    )
+    from commbench.store.results import RunWriter
+
+    if os.environ.get("COMMBENCH_PARENT_PID"):
+        set_parent_death_signal()
+    import warnings
+
+    # torch >= 2.10 deprecates the *_into_tensor names once per call site; the numbers do not change.
+    warnings.filterwarnings(
+        "ignore", message=r".*is deprecated\. Please use `torch\.distributed\.", category=FutureWarning
+    )
+    info = detect_world()
+    assert info is not None
+    start = _now()
+    out: Any = args.resume or args.out
+    nccl_log = nccl_debug_path(out, info.rank) if getattr(args, "nccl_debug", False) else None
+    d = init_world(info, args.backend, args.timeout, nccl_debug=nccl_log)
+    try:
+        # Rank 0 owns the run directory; a failure there must stop every rank, not leave them waiting.
+        writer: RunWriter | None = None
+        problem = ""
+        out = args.resume or args.out or default_run_dir(d.backend, d.world_size)
+        try:
+            from commbench.cluster.metadata import agree_fp8_codec
+
+            agree_fp8_codec(d)
+            d.sample_timer(suite.timing.device_timer)  # events off CUDA: one line on every rank, before any point
+        except ValueError as e:
+            problem = str(e)
+        from commbench.cluster.metadata import gather_nodes
+
+        nodes = gather_nodes(d) if args.resume is None else None  # every rank: one report per node
+        if d.rank == 0 and not problem:
+            try:
+                memory_check(suite, d.world_size, d.backend, d.info.local_world_size, d.device)
+                if args.resume is not None:
+                    from commbench.store.results import load_metadata
+
+                    meta = load_metadata(Path(out))
+                    if (meta.get("world_size"), meta.get("backend")) != (d.world_size, d.backend):
+                        raise ValueError(
+                            f"cannot resume {out}: it ran {meta.get('world_size')} ranks on {meta.get('backend')}, this world has {d.world_size} on {d.backend}"
+                        )
+                    check_resume(Path(out), meta, suite)
+                writer = RunWriter(Path(out), resume=args.resume is not None)
+                if args.resume is None:
+                    user_argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
+                    writer.write_metadata(
+                        run_metadata(
+                            suite, d, ["python", "-m", "commbench", *user_argv], start, nodes,
+                            collective_timeout_s=args.timeout,
+                        )
+                    )  # fmt: skip
+            except ValueError as e:
+                problem = str(e)
+        verdict: list[Any] = [problem]
+        dist.broadcast_object_list(verdict, src=0)
+        if verdict[0]:
+            if d.rank == 0:
+                print(f"commbench: error: {verdict[0]}", file=sys.stderr)
+            return 2
+        _run_sweep(suite, d, writer, quiet=args.quiet)
+        if suite.training is not None:
+            # what the sweep left (payloads, references, the allocator's cached blocks) must not count in any
+            # policy's peak memory
+            release_memory(d.device)
+            _run_training(suite, d, writer, quiet=args.quiet)
+        from commbench.cluster.metadata import gather_transports
+
+        # after the run: NCCL connects its channels at the first collective of each communicator, not at init
+        transports = gather_transports(d, nccl_log) if nccl_log is not None else None
+        if writer is not None:
+            meta = json.loads((writer.dir / "metadata.json").read_text())
+            meta["end_time"] = _now()
+            if transports is not None:
+                from commbench.cluster.metadata import add_transports
+
+                add_transports(meta, transports)
+            writer.write_metadata(meta)
+            print(f"# results: {writer.dir}")
+        # Every rank has finished its collectives and rank 0 its writes: leave together, so no rank tears
+        # down while a peer (or the rendezvous store on rank 0) is still needed.
+        d.barrier()
+        if d.rank == 0 and info.launcher != "local" and not args.no_report:
+            report_after_run(Path(out))
+        return 0
+    except Exception as e:
+        from commbench.cluster.launch import LOG_DIR_ENV, lost_peer
+
+        lost = lost_peer(e, d)
+        log = os.environ.get(LOG_DIR_ENV)
+        if lost is not None:  # a node went away: name it; the traceback says nothing more
+            print(
+                f"commbench: error: rank {d.rank} on {d.host}: {lost}; finished points are kept in {out}, "
+                f"continue with --resume {out}",
+                file=sys.stderr,
+            )
+        elif log:
+            # A local spawn keeps each rank's traceback in the run directory; the supervisor prints one line
+            # per rank instead of a traceback from every rank a dead peer dragged down.
+            with open(Path(log) / f"rank{d.rank}.log", "a") as f:
+                traceback.print_exc(file=f)
+            if d.rank == 0:
+                print(f"commbench: rank 0 failed: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        else:
+            traceback.print_exc()
+            print(f"commbench: rank {d.rank} failed", file=sys.stderr)
+        return 1
+    finally:
+        shutdown_world()
+
+
+def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
+    from commbench.measure.sweep import Sweep, agree_done, count_points, iter_groups
+    from commbench.store.results import crossover
+
+    sweep = Sweep(suite, d)
+    done = agree_done(d, writer.done_keys() if writer is not None else set())
+    todo = list(iter_groups(sweep, done))
+    lead = d.rank == 0
+    if lead:
+        console.print_skipped(sweep.skipped(), d.backend, sweep.skipped_groups())
+        if done:
+            console.print_resume(writer.dir if writer is not None else "", len(done), count_points(todo))
+    passes = suite.timing.passes
+    progress = console.SweepProgress(count_points(todo) * passes, enabled=lead and not quiet)
+    printer = console.PointPrinter()
+    # Every pass visits the whole grid and adds its share of rounds to each group; the rows are written (and
+    # printed) as the last pass finishes each group, so an interrupted run resumes from the last whole group.
+    states: list[Any] = [None] * len(todo)
+    try:
+        for p in range(passes):
+            for i, (group, indices) in enumerate(todo):
+                states[i] = sweep.sample_group(group, states[i], p)
+                where = f"{group.collective.name} {format_size(group.fp32_bytes)} [{group.kind}]"
+                if passes > 1:
+                    where = f"pass {p + 1}/{passes} {where}"
+                if p == passes - 1:
+                    points, ranks = sweep.finish_group(group, states[i], indices)
+                    states[i] = None
+                    if lead:
+                        assert writer is not None
+                        writer.add([pt for _, pt in points])
+                        writer.add(ranks)
+                        for _, pt in points:
+                            printer.row(pt.as_dict(), group.collective.redop)
+                progress.advance(where, len(indices))
+    finally:
+        progress.stop()
+    if lead and writer is not None and sweep.unavailable:
+        meta = json.loads((writer.dir / "metadata.json").read_text())
+        meta["skipped"] = sweep.unavailable
+        writer.write_metadata(meta)
+    if lead and writer is not None:
+        import pandas as pd
+
+        df = pd.DataFrame(writer.rows["results"])
+        if not df.empty:
+            console.print_noise_warning(df)
+        cross = crossover(df)
+        writer.write_crossover(cross)
+        console.print_crossover(cross)
+        from commbench.measure.stragglers import stragglers
+
+        console.print_stragglers(stragglers(pd.DataFrame(writer.rows["ranks"])))
+
+
+def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = False) -> None:
+    import torch.distributed as dist
+
+    from commbench.training import run_training
+
+    assert suite.training is not None
+    # --resume: rank 0 knows which policies finished; every rank must skip the same ones.
+    done: list[Any] = [sorted(writer.done_policies()) if writer is not None else None]
+    dist.broadcast_object_list(done, src=0)
+
+    policies = list(getattr(suite.training, "policies", None) or [])
+    left = len([p for p in policies if p not in set(done[0])])
+    lead = d.rank == 0
+    if lead:
+        if done[0]:
+            print(f"# resuming training: {len(done[0])} policies already measured, {left} left")
+        print(f"# training: {left} policies, {suite.training.steps} steps each; per policy: median step time [95 % CI],")
+        print("#   speed-up vs fp32 (* significant, ~ not), peak memory per rank, bytes per step per rank, loss drift")
+    progress = console.SweepProgress(left, enabled=lead and not quiet, label="training")
+
+    def on_done(summary: list[Any], steps: list[Any]) -> None:
+        if writer is not None:
+            writer.add(summary)
+            writer.add(steps)
+            for row in summary:
+                print(console.training_line(row.as_dict()))
+            progress.advance(f"training {summary[0].policy}" if summary else "training")
+
+    try:
+        run_training(suite.training, device=d.device, sync=d.sync, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
+    finally:
+        progress.stop()

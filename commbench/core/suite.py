@@ -1,0 +1,244 @@
+"""Suite configuration: validated dataclasses and TOML loading.
+
+A suite is the collective x precision x size grid, the groups to run it in, how to time it (``[timing]``) and
+optionally training steps (``[training]``). Sizes are nccl-tests size strings (:mod:`commbench.core.units`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from commbench.core.settings import check_settings, count, positive, setting
+from commbench.core.units import parse_size, size_grid
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli (a dependency there)
+    import tomli as tomllib  # type: ignore[no-redef]
+
+if TYPE_CHECKING:
+    from commbench.training.config import TrainingConfig
+
+PAYLOADS = ("normal", "gradient", "outliers")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+TIMING_MODES = ("stream", "isolated")
+DEVICE_TIMERS = ("host", "events")
+"""How a sample's ops are timed on a GPU (``timing.device_timer``; ``commbench.measure.timing`` documents both protocols)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TimingConfig:
+    """The timing protocol: warm up, calibrate k back-to-back ops per sample, then sample every precision of a
+    size in alternating rounds until each one's 95 % interval is narrow enough or the size's budget is spent."""
+
+    warmup: int = count(2, "untimed calls per phase before calibration (first-call costs: allocations, connections)")
+    # Only for ops so fast that 20 of them last under 1 ms (GPU small messages), so barrier skew and the clock stay
+    # under ~1 % of a sample. It is not longer: per-op time grows with the length of the stream (gloo 8 B
+    # all_reduce, 2 ranks: k=40 +4..17 % over k=20), and at 10 ms the CLI timed 30-50 ops at 8 B where
+    # nccl-tests and a hand-written loop time 20 (1.12x the time, issue 9 fidelity).
+    min_time_s: float = positive(0.001, "seconds a sample of k back-to-back ops lasts at least (k grows until it does)")
+    # The first op after the barrier that starts a sample runs faster than ops in a steady stream (gloo, 1 MiB
+    # all_reduce: ~0.6-0.7x), so samples of one or a few ops print more bandwidth than back-to-back collectives get.
+    min_iters: int = count(20, "smallest k: at least 20 back-to-back ops per sample, as nccl-tests' loop times")
+    repeats: int = count(6, "minimum samples (rounds) per point; 6 is the fewest whose median's interval reaches 95 %")
+    max_samples: int = count(60, "rounds after which a size stops sampling, target reached or not (>= repeats)")
+    target_ci: float = positive(
+        0.05, "target relative half-width of each point's 95 % interval, e.g. 0.05 for ±5 %", below=1
+    )
+    budget_s: float = positive(4.0, "seconds of sampling per size (all its precisions together) before giving up")
+    max_iters: int = count(1000, "largest k (>= min_iters)")
+    # What a training step issues is not a stream: one collective per bucket, after milliseconds of compute, each
+    # rank arriving when its backward gets there (gloo, 2 ranks, 1 MiB all_reduce after 20 ms of compute: median
+    # 1.35-1.54x a streamed op's time, 10th-90th percentiles 1.8-8.2 ms; benchmarks/bench_isolated_calls.py).
+    mode: str = setting(
+        "stream", "what a sample times: 'stream' (k back-to-back ops after a barrier, nccl-tests' loop) or 'isolated' "
+        "(one op after gap_s of compute on every rank; per sample the fastest rank's duration: the one that waited "
+        "least for the others)", accepts=lambda v: v in TIMING_MODES, expect=" or ".join(repr(m) for m in TIMING_MODES),
+    )  # fmt: skip
+    gap_s: float = positive(0.02, "isolated mode: seconds of compute (small matmuls) between the barrier and the op")
+    device_timer: str = setting(
+        "host", "how a sample's ops are timed: 'host' (host clock around the k ops and one device synchronize, as "
+        "nccl-tests' BenchTime) or 'events' (CUDA events recorded on the current stream before and after them; CUDA "
+        "only)", accepts=lambda v: v in DEVICE_TIMERS, expect=" or ".join(repr(m) for m in DEVICE_TIMERS),
+    )  # fmt: skip
+    # A shared machine drifts over seconds to minutes: sampled in one stretch, a point caught in a slow spell is
+    # slow in every round and its interval (of the samples it has) does not show it, so two identical runs
+    # "differ" there (issue 9: one A/A pair flagged 10 of 77 ratios, a whole block of one run slower).
+    passes: int = count(
+        3, "visits of the whole grid: each point samples its share of rounds and budget in every pass, so a slow "
+        "spell lands on part of every point's rounds (1: each point in one stretch, its rows printed as it ends)"
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_settings(self, "timing")
+        if self.max_iters < self.min_iters:
+            raise ValueError(f"timing.max_iters must be >= timing.min_iters ({self.min_iters}), got {self.max_iters}")
+
+
+@dataclass(kw_only=True, slots=True)
+class SuiteConfig:
+    """One benchmark suite: the collective x precision x size grid and how to time it."""
+
+    name: str = "custom"
+    collectives: list[str] = field(default_factory=lambda: ["all_reduce", "all_gather", "reduce_scatter"])
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "fp16", "bf16"])
+    min_bytes: int = 1024
+    """Smallest fp32 size of the user's tensor (nccl-tests ``-b``)."""
+    max_bytes: int = 16 * 1024**2
+    """Largest fp32 size (nccl-tests ``-e``)."""
+    factor: int = 2
+    """Multiplicative step (nccl-tests ``-f``)."""
+    payload: str = "normal"
+    """Value distribution for the error measurement: normal, gradient (tiny values), outliers."""
+    check: bool = True
+    """Count wrong elements on exactly representable inputs (nccl-tests ``-c``)."""
+    seed: int = 1234
+    groups: list[str] = field(default_factory=lambda: ["world"])
+    """Communicator groups to run every point in (``world``, ``intra``: one per node, ``inter``: one per
+    local-rank index across nodes; like nccl-tests' NCCL_TESTS_SPLIT). See ``commbench.measure.groups``."""
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    training: TrainingConfig | None = None
+    """Optional ``[training]`` table (DDP/FSDP steps), validated at load (commbench.training.config)."""
+
+    def __post_init__(self) -> None:
+        from commbench.measure.collectives import get_collective
+        from commbench.measure.precision import get_precision
+
+        if not self.collectives and self.training is None:
+            raise ValueError("suite lists no collectives (and no [training] section)")
+        for c in self.collectives:
+            get_collective(c)
+        for p in self.precisions:
+            get_precision(p)
+        if self.collectives and not self.precisions:
+            raise ValueError("suite lists collectives but no precisions")
+        if self.payload not in PAYLOADS:
+            raise ValueError(f"unknown payload {self.payload!r}; valid choices: {', '.join(PAYLOADS)}")
+        size_grid(self.min_bytes, self.max_bytes, self.factor)
+        from commbench.measure.groups import get_group_kind
+
+        if not self.groups:
+            raise ValueError("suite lists no groups (e.g. groups = [\"world\"])")
+        for g in self.groups:
+            get_group_kind(g)
+        if len(set(self.groups)) != len(self.groups):
+            raise ValueError("suite lists a group twice")
+        if len(set(self.collectives)) != len(self.collectives) or len(set(self.precisions)) != len(self.precisions):
+            raise ValueError("suite lists a collective or precision twice")
+
+    def sizes(self) -> list[int]:
+        return size_grid(self.min_bytes, self.max_bytes, self.factor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, **kw: Any) -> SuiteConfig:
+        """A copy with the given fields replaced (CLI flags override the suite file), re-validated."""
+        timing = kw.pop("timing", None)
+        out = replace(self, **{k: v for k, v in kw.items() if v is not None})
+        if timing:
+            out = replace(out, timing=replace(out.timing, **timing))
+        return out
+
+
+_SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "timing", "training"}
+_TIMING_KEYS = {
+    "warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters", "passes", "mode",
+    "gap_s", "device_timer",
+}
+
+
+def _as_list(key: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ValueError(f"suite key {key!r} must be a list of strings or a comma-separated string, got {value!r}")
+
+
+def suite_from_dict(data: dict[str, Any], *, name: str = "custom") -> SuiteConfig:
+    """Validate a parsed suite table (TOML layout: top-level keys plus ``[timing]`` and ``[training]``)."""
+    unknown = set(data) - _SUITE_KEYS
+    if unknown:
+        raise ValueError(f"unknown suite key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(_SUITE_KEYS))}")
+    kw: dict[str, Any] = {"name": str(data.get("name", name))}
+    for key in ("collectives", "precisions"):
+        if key in data:
+            kw[key] = _as_list(key, data[key])
+    for key in ("min_bytes", "max_bytes"):
+        if key in data:
+            kw[key] = parse_size(data[key])
+    if "factor" in data:
+        if not isinstance(data["factor"], int) or isinstance(data["factor"], bool):
+            raise ValueError(f"suite key 'factor' must be an integer >= 2, got {data['factor']!r}")
+        kw["factor"] = data["factor"]
+    for key, typ in (("payload", str), ("check", bool), ("seed", int)):
+        if key in data:
+            if not isinstance(data[key], typ):
+                raise ValueError(f"suite key {key!r} must be a {typ.__name__}, got {data[key]!r}")
+            kw[key] = data[key]
+    timing = data.get("timing", {})
+    if not isinstance(timing, dict):
+        raise ValueError("suite key 'timing' must be a table")
+    bad = set(timing) - _TIMING_KEYS
+    if bad:
+        raise ValueError(f"unknown timing key(s) {', '.join(sorted(bad))}; valid keys: {', '.join(sorted(_TIMING_KEYS))}")
+    try:
+        kw["timing"] = TimingConfig(**timing)
+    except TypeError as e:
+        raise ValueError(f"bad [timing] table: {e}") from None
+    if "training" in data:
+        if not isinstance(data["training"], dict):
+            raise ValueError("suite key 'training' must be a table")
+        from commbench.training.config import TrainingConfig
+
+        kw["training"] = TrainingConfig.from_dict(data["training"])
+        if "collectives" not in data:
+            kw["collectives"] = []
+    return SuiteConfig(**kw)
+
+
+def suite_dirs() -> list[Path]:
+    """Where bare suite names are looked up: ./suites, the package's bundled copy, the source checkout."""
+    package = Path(__file__).resolve().parents[1]
+    return [Path.cwd() / "suites", package / "suites", package.parent / "suites"]
+
+
+def available_suites() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in suite_dirs():
+        if d.is_dir():
+            for p in sorted(d.glob("*.toml")):
+                found.setdefault(p.stem, p)
+    return found
+
+
+def resolve_suite_path(spec: str) -> Path:
+    """A path to a TOML file, or a bare name (``quick``) found in :func:`suite_dirs`."""
+    p = Path(spec)
+    if p.suffix == ".toml" or p.exists() or "/" in spec:
+        if not p.is_file():
+            raise ValueError(f"suite file {spec!r} does not exist; known suites: {', '.join(available_suites()) or 'none'}")
+        return p
+    suites = available_suites()
+    if spec not in suites:
+        raise ValueError(f"unknown suite {spec!r}; known suites: {', '.join(suites) or 'none'} (or give a path to a .toml file)")
+    return suites[spec]
+
+
+def load_suite(spec: str) -> SuiteConfig:
+    path = resolve_suite_path(spec)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"broken suite file {path}: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read suite file {path}: {e}") from None
+    try:
+        return suite_from_dict(data, name=path.stem)
+    except ValueError as e:
+        raise ValueError(f"suite file {path}: {e}") from None

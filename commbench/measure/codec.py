@@ -1,0 +1,190 @@
+"""Codec registry: how a float32 chunk becomes wire bytes (codes + float32 scales) and back.
+
+A codec knows nothing about communication. The chunked algorithm (:mod:`commbench.measure.chunked`) moves what a codec
+encodes, for the sweep's precisions and for the DDP hook alike. Names may carry an option after a colon
+(``fp8_e4m3:block128``); the registry maps the base name to a factory, like the precision registry.
+
+Adding a codec: subclass :class:`Codec`, call :func:`register_codec` with a factory. That also registers a
+sweep precision of the same name (``impl`` says how the bytes move in the results' ``implementation``
+column), and :func:`commbench.training.hooks.codec_hook` accepts the name at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from commbench.measure.collectives import Collective, Layout
+from commbench.measure.precision import PointOp, Precision, register_precision, resolve
+
+if TYPE_CHECKING:  # torch is imported where tensors are handled: the registry itself is torch-free
+    import torch
+    import torch.distributed as dist
+
+
+class Codec(ABC):
+    """Encode a contiguous 1-D float32 chunk into codes (bytes) and float32 scales; decode back."""
+
+    name: str
+    """Canonical name recorded in results (``fp8_e4m3:block128``)."""
+    description: str = ""
+
+    @abstractmethod
+    def code_bytes(self, numel: int) -> int:
+        """Bytes of codes for ``numel`` elements."""
+
+    @abstractmethod
+    def num_scales(self, numel: int) -> int:
+        """Length of the float32 scale tensor :meth:`encode` writes (at least the ones that travel)."""
+
+    def scale_count(self, numel: int) -> int:
+        """How many of those scales travel with the codes (a prefix; the rest are local constants)."""
+        return self.num_scales(numel)
+
+    def wire_bytes(self, numel: int) -> int:
+        """Bytes on the wire for one chunk of ``numel`` elements, scales included."""
+        return self.code_bytes(numel) + 4 * self.scale_count(numel)
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        """Write ``x``'s codes into ``codes`` (uint8, :meth:`code_bytes` long, maybe a slice of a wire buffer)
+        and its scales into ``scales`` (float32, :meth:`num_scales` long)."""
+
+    @abstractmethod
+    def decode(self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
+        """``out = decoded`` (float32), or ``out += decoded`` with ``accumulate`` (the fp32 sum of sources)."""
+
+    def encode_chunks(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        wire_scales: torch.Tensor | None,
+        *,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Encode ``k`` chunks at once: ``x`` ``[k, m]`` float32, ``codes`` ``[k, code_bytes(m)]`` uint8 (each
+        row contiguous; the row stride is the wire's), ``scales`` the ``[k, num_scales(m)]`` float32 home,
+        ``wire_scales`` ``[k, 4 * scale_count(m)]`` uint8 where the travelling scales go (little-endian float32
+        bytes, possibly misaligned), None when none travel. ``workspace`` is scratch owned by the caller (the
+        wire), which a codec may keep buffers in.
+
+        This default loops over :meth:`encode` (so a codec that defines only the per-chunk methods works
+        unchanged); a codec meant for GPUs overrides it with a few ops whatever ``k`` (see ``Fp8Codec``)."""
+        import torch
+
+        for i in range(x.shape[0]):
+            self.encode(x[i], codes[i], scales[i])
+        if wire_scales is not None and x.shape[0]:
+            wire_scales.copy_(scales[:, : wire_scales.shape[1] // 4].view(torch.uint8))
+
+    def decode_chunks(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        wire_scales: torch.Tensor | None,
+        out: torch.Tensor,
+        *,
+        reduce: bool = False,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Decode ``k`` chunks (arguments as :meth:`encode_chunks`; the scales are read from ``wire_scales``
+        when they travel): into ``out`` ``[k, m]``, or with ``reduce`` the float32 sum of the k decoded chunks,
+        source order 0..k-1, into ``out`` ``[m]``. The default loops over :meth:`decode` (``accumulate`` for
+        chunks after the first)."""
+        import torch
+
+        if wire_scales is not None and codes.shape[0]:
+            scales[:, : wire_scales.shape[1] // 4].view(torch.uint8).copy_(wire_scales)
+        for i in range(codes.shape[0]):
+            self.decode(codes[i], scales[i], out if reduce else out[i], accumulate=reduce and i > 0)
+
+    @abstractmethod
+    def error_bound(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor | float:
+        """Per-element bound on ``|decoded - exact|`` for a result summing ``contributions`` encoded terms whose
+        ``|x|`` sum to ``abs_sum`` (float64), encoded ``encodings`` times on the way (re-encoded partial sums)."""
+
+    def check_tolerance(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor | float:
+        """The tolerance of the ``wrong`` count on :func:`commbench.measure.check.exact_inputs` (same arguments as
+        :meth:`error_bound`, which it is unless the codec carries those inputs exactly: then 0)."""
+        return self.error_bound(abs_sum, contributions, encodings)
+
+
+CodecFactory = Callable[[str | None], Codec]
+"""Builds a codec from the option after the colon (``None`` when the name has none)."""
+
+_REGISTRY: dict[str, CodecFactory] = {}
+
+
+class CodecPrecision(Precision):
+    """A sweep precision whose fp32 tensor travels through a codec with the chunked algorithm."""
+
+    input_dtype_name = "float32"
+    wire_dtype_name = "uint8"
+    chunked = True
+
+    def __init__(self, codec: Codec, impl: str) -> None:
+        self.codec = codec
+        self.name = codec.name
+        self.impl = impl
+        self.description = codec.description
+
+    def supports(self, collective: Collective, backend: str) -> bool:
+        return collective.supports_chunked()
+
+    def make_op(
+        self, collective: Collective, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
+    ) -> PointOp:
+        return collective.chunked_op(self.codec, layout, group, device)
+
+    def error_bound(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
+        import torch
+
+        contributions = n if collective.reduces else 1
+        return self.codec.error_bound(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
+
+    def buffer_bytes(self, collective: Collective, layout: Layout, n: int) -> int:
+        # fp32 input and output, and a send and a receive wire of n chunks per encoding stage (all_reduce:
+        # the exchange and the gather, plus the gathered fp32 output)
+        m = -(-max(layout.input_numel, layout.output_numel) // n)
+        wire = n * self.codec.wire_bytes(m)
+        stages = collective.chunked_encodings
+        return 4 * (layout.input_numel + layout.output_numel) * stages + 2 * wire * stages
+
+    def check_tolerance(self, collective: Collective, abs_sum: torch.Tensor, n: int) -> torch.Tensor | float:
+        import torch
+
+        contributions = n if collective.reduces else 1
+        return self.codec.check_tolerance(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
+
+
+def register_codec(base: str, factory: CodecFactory, options_help: str = "", impl: str = "codec_bytes") -> None:
+    """Register a codec family under ``base``, and the sweep precision of the same name.
+
+    ``impl`` is the precision's ``implementation`` column; ``options_help`` documents ``:option`` values.
+    """
+    _REGISTRY[base] = factory
+
+    def precision(option: str | None) -> Precision:
+        return CodecPrecision(factory(option), impl)
+
+    register_precision(base, precision, options_help)
+
+
+def codec_names() -> list[str]:
+    """Registered codec base names."""
+    _load_plugins()
+    return list(_REGISTRY)
+
+
+def get_codec(name: str) -> Codec:
+    """Resolve ``base[:option]`` to a codec, or raise ``ValueError`` naming the valid choices."""
+    _load_plugins()
+    return resolve("codec", name, _REGISTRY)
+
+
+def _load_plugins() -> None:
+    # The fp8 codecs register on import of fp8_ops (which also registers the native fp8 precisions).
+    import commbench.measure.fp8_ops  # noqa: F401
+    import commbench.measure.raw_codec  # noqa: F401

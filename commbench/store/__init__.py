@@ -1,0 +1,1 @@
+"""The run directory: journal, CSV and parquet tables, loaders into pandas, and the nccl-tests importer."""

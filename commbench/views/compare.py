@@ -1,0 +1,446 @@
+"""Comparing runs: align points, ratio tables, overlay plots, fairness warnings, HTML + Markdown.
+
+This module owns `compare_runs` (the `python -m commbench compare` view) and `compare_warnings`.
+Points are aligned by (collective, precision, size_bytes) on each run's primary payload (normal
+first); repeated points in one run (imports with in-place and out-of-place rows, several runs in
+one log) enter as their median. The first run is the baseline A; every other run B gets B/A ratios.
+It reads run directories only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from commbench.core import stats
+from commbench.views import report
+from commbench.views.plots import FigureRegistry, grid, log2_size_axis, log_y_axis, no_math
+from commbench.views.report import Table, fmt
+from commbench.views.rundata import COLLECTIVE_ORDER, FP32_PRECISION, RunData, human_size, load_run, order, speed_rows
+
+__all__ = [
+    "COMPARE_FIGURES",
+    "Comparison",
+    "aligned",
+    "compare_runs",
+    "compare_warnings",
+    "ratio_frame",
+    "ratio_table",
+    "resolve_labels",
+]
+
+ALIGN_KEYS = ["collective", "precision", "group", "size_bytes"]
+"""A point is the same point in two runs when these agree (group: world, intra, inter; "world" for runs
+written before groups existed)."""
+LINESTYLES = ["-", "--", ":", "-."]
+
+# metadata fields that make a comparison unfair when they differ, with why (shown to the user).
+FAIRNESS: list[tuple[str, str]] = [
+    ("world_size", "busbw normalises by world size, but time and algbw do not"),
+    ("nodes", "intra-node and inter-node links differ"),
+    ("nproc_per_node", "ranks per node change which links carry traffic"),
+    ("backend", "gloo and nccl are different transports"),
+    ("torch_version", "collective implementations change between torch releases"),
+    ("nccl_version", "NCCL algorithms and fp8 support change between versions"),
+    ("threads_per_rank", "CPU threads per rank change gloo's speed"),
+    ("suite", "the suites differ (sizes, precisions or payloads)"),
+    ("timing", "the timing settings differ (warmup, min time, repeats)"),
+]
+
+
+def resolve_labels(run_dirs: list[Path], labels: list[str] | None) -> list[str]:
+    """Labels for the runs: given ones (same count, unique, non-empty) or the directory names."""
+    if len(run_dirs) < 2:
+        raise ValueError(f"compare needs at least 2 run directories, got {len(run_dirs)}")
+    if labels is None:
+        names = [Path(d).resolve().name or str(d) for d in run_dirs]
+        if len(set(names)) == len(names):
+            return names
+        return [f"{chr(ord('A') + i) if i < 26 else i}:{n}" for i, n in enumerate(names)]
+    labels = [s.strip() for s in labels]
+    if len(labels) != len(run_dirs):
+        raise ValueError(f"--labels has {len(labels)} label(s) for {len(run_dirs)} run(s); give one label per run")
+    if any(not s for s in labels) or len(set(labels)) != len(labels):
+        raise ValueError(f"--labels must be non-empty and distinct, got {labels}")
+    return labels
+
+
+def _canon(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def compare_warnings(runs: Sequence[RunData | Path | str], labels: list[str] | None = None) -> list[str]:
+    """Plain-language reasons the comparison may be unfair (differences in layout, versions, suite).
+
+    Accepts run directories or already loaded runs; labels as for `compare_runs`.
+    """
+    loaded = [r if isinstance(r, RunData) else load_run(Path(r)) for r in runs]
+    labels = resolve_labels([r.run_dir for r in loaded], labels)
+    runs = loaded
+    out: list[str] = []
+    imported = [lab for lab, r in zip(labels, runs, strict=True) if r.metadata.get("launcher") == "import"]
+    for key, why in FAIRNESS:
+        if imported and key in ("suite", "timing"):
+            continue  # an import has neither in commbench's sense; the import warning below says so
+        vals = [r.metadata.get(key) for r in runs]
+        # unknown (None) is not a difference: imports know no torch version, CPU runs no NCCL one
+        if len({_canon(v) for v in vals if v is not None}) > 1:
+            if key in ("suite", "timing"):
+                shown = ", ".join(labels)
+            else:
+                shown = ", ".join(f"{lab}={v}" for lab, v in zip(labels, vals, strict=True))
+            out.append(f"runs differ in {key} ({shown}): {why}.")
+    if imported and len(imported) < len(runs):
+        out.append(
+            f"{', '.join(imported)} imported from nccl-tests: times are nccl-tests' (GPU kernels, no "
+            "encode/decode), compared with commbench's own timing protocol."
+        )
+    al = aligned(runs, labels)
+    if al.empty:
+        out.append("the runs have no (collective, precision, size) point in common: nothing to compare.")
+    return out
+
+
+def _points(run: RunData) -> pd.DataFrame:
+    df = run.results
+    if df.empty:
+        return pd.DataFrame(columns=[*ALIGN_KEYS, "busbw_gbps", "time_us", "effective_gbps"])
+    df = speed_rows(df)
+    df = df.assign(group=df["group"].fillna("world") if "group" in df.columns else "world")
+    vals = [
+        c
+        for c in ("busbw_gbps", "time_us", "time_ci_low_us", "time_ci_high_us", "algbw_gbps", "effective_gbps")
+        if c in df.columns
+    ]
+    d = df[ALIGN_KEYS + vals].copy()
+    for c in vals:
+        d[c] = pd.to_numeric(d[c], errors="coerce")
+    return d.groupby(ALIGN_KEYS, as_index=False)[vals].median()
+
+
+def aligned(runs: list[RunData], labels: list[str]) -> pd.DataFrame:
+    """Inner join of every run's points on (collective, precision, size_bytes); columns
+    `<metric>|<label>` per run."""
+    merged: pd.DataFrame | None = None
+    for run, lab in zip(runs, labels, strict=True):
+        p = _points(run).set_index(ALIGN_KEYS)
+        p.columns = [f"{c}|{lab}" for c in p.columns]
+        merged = p if merged is None else merged.join(p, how="inner")
+    if merged is None or merged.empty:
+        return pd.DataFrame()
+    return merged.reset_index()
+
+
+def ratio_table(al: pd.DataFrame, labels: list[str]) -> Table:
+    """Per aligned point: baseline busbw and time, then per other run busbw B/A and time B/A."""
+    a = labels[0]
+    cols = ["collective", "precision", "group", "size", f"busbw {a} (GB/s)", f"time {a} (us)"]
+    for b in labels[1:]:
+        cols += [f"busbw {b}", f"busbw {b}/{a}", f"time {b}", f"time {b}/{a}"]
+    rows = []
+    colls = order(al["collective"].unique(), COLLECTIVE_ORDER) if len(al) else []
+    for coll in colls:
+        g = al[al["collective"] == coll].sort_values(["group", "precision", "size_bytes"])
+        for _, r in g.iterrows():
+            row = [
+                str(r["collective"]),
+                str(r["precision"]),
+                str(r["group"]),
+                human_size(float(r["size_bytes"])),
+                fmt(r.get(f"busbw_gbps|{a}")),
+                fmt(r.get(f"time_us|{a}")),
+            ]
+            for b in labels[1:]:
+                row += [
+                    fmt(r.get(f"busbw_gbps|{b}")),
+                    fmt(_ratio(r.get(f"busbw_gbps|{b}"), r.get(f"busbw_gbps|{a}"))),
+                    fmt(r.get(f"time_us|{b}")),
+                    fmt(_ratio(r.get(f"time_us|{b}"), r.get(f"time_us|{a}"))),
+                ]
+            rows.append(row)
+    return Table(
+        "ratios",
+        f"Aligned points: ratios against {a} (busbw B/A > 1 and time B/A < 1 mean B is faster)",
+        cols,
+        rows,
+        "Aligned by collective, precision and size on the wire; each run's primary payload.",
+    )
+
+
+def _ratio(b: Any, a: Any) -> float:
+    try:
+        fa, fb = float(a), float(b)
+    except (TypeError, ValueError):
+        return math.nan
+    return fb / fa if fa > 0 and math.isfinite(fa) and math.isfinite(fb) else math.nan
+
+
+def _gmean(x: pd.Series) -> float:
+    x = x[(x > 0) & np.isfinite(x)]
+    return float(np.exp(np.log(x).mean())) if len(x) else math.nan
+
+
+def _estimate(r: Any, lab: str) -> stats.Estimate:
+    t = float(r.get(f"time_us|{lab}", math.nan))
+    lo = float(r.get(f"time_ci_low_us|{lab}", math.nan))
+    hi = float(r.get(f"time_ci_high_us|{lab}", math.nan))
+    return stats.Estimate(t, lo, hi, 0)
+
+
+def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) -> pd.DataFrame:
+    """One row per aligned point and run B: time B/A with its interval and whether it is significant.
+
+    Each run's interval of the point's time is combined in log space (`stats.ratio_of`). The ratios of one run B
+    are then judged together (`stats.adjust_many`: Benjamini-Hochberg at a 5 % false discovery rate, with
+    false-coverage-rate intervals), so that a hundred points of two identical runs do not yield five "differences"
+    by chance. A ratio is significant when its adjusted interval excludes 1 (and
+    ``[1/(1+min_effect), 1+min_effect]``). Points without intervals (nccl-tests imports) get a ratio but no verdict.
+
+    A random-effects widening (DerSimonian-Laird over the sizes of a collective x precision) was tried and dropped:
+    a real difference that varies with size (a busy core slows large messages more) reads as heterogeneity and
+    hides itself; on two identical quick runs the adjustment alone flags 2 of 77 ratios, 4 of 119 under load.
+    """
+    a = labels[0]
+    rows: list[dict[str, Any]] = []
+    if al.empty:
+        return pd.DataFrame(columns=COMPARE_COLUMNS)
+    for b in labels[1:]:
+        points: list[tuple[Any, Any, Any, Any, float, float]] = []  # (coll, prec, grp, row, log ratio, total se)
+        for (coll, prec, grp), g in al.groupby(["collective", "precision", "group"], sort=False):
+            for _, r in g.sort_values("size_bytes").iterrows():
+                e = stats.ratio_of(_estimate(r, b), _estimate(r, a))
+                points.append((coll, prec, grp, r, math.log(e.value) if e.value > 0 else math.nan, e.log_se))
+        adj = stats.adjust_many([p[4] for p in points], [p[5] for p in points])
+        for (coll, prec, grp, r, lr, se_), chosen, pv in zip(points, adj.selected, adj.p_values, strict=True):
+            ta, tb = float(r.get(f"time_us|{a}", math.nan)), float(r.get(f"time_us|{b}", math.nan))
+            ratio = tb / ta if ta > 0 else math.nan
+            if math.isfinite(se_):
+                est = stats.Estimate(math.exp(lr), math.exp(lr - adj.z * se_), math.exp(lr + adj.z * se_), 0)
+                sig: bool | None = chosen and stats.significant(est, min_effect)
+                lo, hi = est.low, est.high
+            else:
+                sig, lo, hi = None, math.nan, math.nan
+            if sig is None:
+                verdict = "no interval"
+            elif not sig:
+                verdict = "no significant difference"
+            else:
+                verdict = f"{b} faster" if hi < 1 else f"{b} slower"
+            rows.append(
+                {
+                    "collective": coll, "precision": prec, "group": grp, "size_bytes": int(r["size_bytes"]),
+                    "baseline": a, "run": b, "time_us_baseline": ta, "time_us_run": tb,
+                    "time_ratio": ratio, "time_ratio_ci_low": lo, "time_ratio_ci_high": hi,
+                    "busbw_ratio": 1.0 / ratio if ratio > 0 else math.nan, "p_value": pv, "n_compared": adj.m,
+                    "significant": sig, "verdict": verdict,
+                }
+            )  # fmt: skip
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+COMPARE_COLUMNS = [
+    "collective", "precision", "group", "size_bytes", "baseline", "run", "time_us_baseline", "time_us_run",
+    "time_ratio", "time_ratio_ci_low", "time_ratio_ci_high", "busbw_ratio", "p_value", "n_compared", "significant",
+    "verdict",
+]  # fmt: skip
+"""Columns of compare.csv: time_ratio = run / baseline (< 1: the run is faster) with its interval, adjusted for
+the ``n_compared`` ratios judged together (false-coverage-rate interval after Benjamini-Hochberg at 5 %); p_value
+is the ratio's own two-sided p-value before adjustment."""
+
+
+def significance_table(rf: pd.DataFrame) -> Table:
+    """compare.csv as a table: every aligned point's time ratio with its interval and verdict."""
+    cols = ["collective", "precision", "size", "run", "time B/A", "interval (adjusted)", "busbw B/A", "verdict"]
+    rows = []
+    for _, r in rf.iterrows():
+        ci = f"{fmt(r['time_ratio_ci_low'])}–{fmt(r['time_ratio_ci_high'])}" if pd.notna(r["time_ratio_ci_low"]) else "n/a"
+        rows.append(
+            [str(r["collective"]), str(r["precision"]), human_size(float(r["size_bytes"])), str(r["run"]),
+             fmt(r["time_ratio"]), ci, fmt(r["busbw_ratio"]), str(r["verdict"])]
+        )  # fmt: skip
+    return Table(
+        "significance",
+        "Ratios with their intervals (time B/A < 1: B is faster; a verdict only when the interval excludes 1)",
+        cols,
+        rows,
+        "Intervals combine both runs' intervals of the point's time in log space, adjusted for the "
+        "number of ratios judged together (Benjamini-Hochberg at a 5 % false discovery rate, false-coverage-rate "
+        "intervals): identical runs give about no significant ratio, not 5 % of them.",
+    )
+
+
+def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None = None) -> Table:
+    """Geometric-mean ratios per collective x precision (the right mean for ratios)."""
+    a = labels[0]
+    cols = ["collective", "precision", "group", "points"]
+    for b in labels[1:]:
+        cols += [f"busbw {b}/{a} (geomean)", f"time {b}/{a} (geomean)", "95 % CI", "verdict", f"busbw {b}/{a} @ largest"]
+    rows = []
+    if len(al):
+        corder = order(al["collective"].unique(), COLLECTIVE_ORDER)
+        porder = order(al["precision"].unique(), (FP32_PRECISION,))
+        al = al.assign(_c=al["collective"].map(corder.index), _p=al["precision"].map(porder.index))
+        al = al.sort_values(["_c", "_p", "size_bytes"])
+        for (coll, prec, grp), g in al.groupby(["collective", "precision", "group"], sort=False):
+            g = g.sort_values("size_bytes")
+            row = [str(coll), str(prec), str(grp), str(len(g))]
+            for b in labels[1:]:
+                bus = g[f"busbw_gbps|{b}"] / g[f"busbw_gbps|{a}"]
+                tim = g[f"time_us|{b}"] / g[f"time_us|{a}"]
+                ci, verdict = "n/a", "no interval"
+                if rf is not None and len(rf):
+                    fam = rf[(rf["collective"] == coll) & (rf["precision"] == prec) & (rf["group"] == grp) & (rf["run"] == b)]
+                    gm = stats.geometric_mean_ci(
+                        [stats.Estimate(float(x.time_ratio), float(x.time_ratio_ci_low), float(x.time_ratio_ci_high), 0)
+                         for x in fam.itertuples() if pd.notna(x.time_ratio_ci_low)]
+                    )  # fmt: skip
+                    if gm.n:
+                        ci = f"{fmt(gm.low)}–{fmt(gm.high)}"
+                        verdict = (
+                            (f"{b} faster" if gm.high < 1 else f"{b} slower")
+                            if stats.significant(gm)
+                            else "no significant difference"
+                        )
+                row += [fmt(_gmean(bus)), fmt(_gmean(tim)), ci, verdict, fmt(float(bus.iloc[-1]))]
+            rows.append(row)
+    return Table("ratio-summary", f"Summary: ratios against {a}", cols, rows)
+
+
+def runs_table(runs: list[RunData], labels: list[str]) -> Table:
+    keys = ["host", "device_name", "backend", "world_size", "nodes", "nproc_per_node", "torch_version"]
+    keys += ["nccl_version", "launcher", "start_time"]
+    rows = [[lab, str(r.run_dir), *[fmt(r.metadata.get(k)) for k in keys]] for lab, r in zip(labels, runs, strict=True)]
+    return Table("runs", "Runs compared", ["label", "run directory", *keys], rows)
+
+
+def _overlay(al: pd.DataFrame, labels: list[str], metric: str, ylabel: str, what: str, logy: bool) -> Figure:
+    colls = order(al["collective"].unique(), COLLECTIVE_ORDER)
+    fig, axes = grid(len(colls))
+    precs = order(al["precision"].unique(), (FP32_PRECISION,))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    colour = {p: ("black" if p == FP32_PRECISION else cycle[i % len(cycle)]) for i, p in enumerate(precs)}
+    for ax, coll in zip(axes, colls, strict=True):
+        g = al[al["collective"] == coll]
+        for prec in precs:
+            gp = g[g["precision"] == prec].sort_values("size_bytes")
+            if gp.empty:
+                continue
+            for i, lab in enumerate(labels):
+                ax.plot(
+                    gp["size_bytes"],
+                    gp[f"{metric}|{lab}"],
+                    linestyle=LINESTYLES[i % len(LINESTYLES)],
+                    marker="o",
+                    markersize=3,
+                    color=colour[prec],
+                    label=no_math(f"{prec} [{lab}]"),
+                )
+        log2_size_axis(ax, g["size_bytes"])
+        if logy:
+            log_y_axis(ax)
+        ax.set_title(coll)
+        ax.set_xlabel("message size (bytes on the wire)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{what}: {' vs '.join(labels)} (line style = run)", fontsize=11, parse_math=False)
+    fig.tight_layout()
+    return fig
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """What compare's figures draw: the aligned points and the run labels, baseline first."""
+
+    aligned: pd.DataFrame
+    """`aligned()` of the runs: one row per common point, `<metric>|<label>` columns."""
+    labels: list[str]
+    """One label per run; the first is the baseline A."""
+
+
+COMPARE_FIGURES: FigureRegistry[Comparison] = FigureRegistry()
+"""compare's figures (overlays of the aligned runs), in the document's order."""
+
+
+@COMPARE_FIGURES.register(
+    "compare_busbw", "Bus bandwidth of the aligned points, one colour per precision, one line style per run."
+)
+def fig_compare_busbw(c: Comparison) -> Figure | None:
+    if c.aligned.empty:
+        return None
+    return _overlay(c.aligned, c.labels, "busbw_gbps", "bus bandwidth (GB/s)", "Bus bandwidth", False)
+
+
+@COMPARE_FIGURES.register("compare_latency", "Time per op of the aligned points (log-log).")
+def fig_compare_latency(c: Comparison) -> Figure | None:
+    if c.aligned.empty:
+        return None
+    return _overlay(c.aligned, c.labels, "time_us", "time per op (us)", "Latency", True)
+
+
+def compare_runs(
+    run_dirs: list[Path], labels: list[str] | None, out_dir: Path, min_effect: float = 0.0
+) -> dict[str, Path]:
+    """Write compare.html, compare.md and plots/compare_*.png|svg into out_dir.
+
+    Returns {"html": ..., "md": ..., "<figure>.<fmt>": ...}; `compare_warnings` gives the warnings
+    (also printed at the top of both documents). Bad input raises ValueError.
+    """
+    run_dirs = [Path(d) for d in run_dirs]
+    labs = resolve_labels(run_dirs, labels)
+    runs = [load_run(d) for d in run_dirs]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    warns = compare_warnings(runs, labs)
+    al = aligned(runs, labs)
+    # no plots/ folder when nothing aligns: the documents say so, and there is nothing to draw.
+    written = COMPARE_FIGURES.write(Comparison(al, labs), out / "plots") if not al.empty else {}
+    figures = [(n, COMPARE_FIGURES[n].caption, p["png"], p.get("svg")) for n, p in written.items()]
+    rf = ratio_frame(al, labs, min_effect)
+    from commbench.store.results import atomic_write_text
+
+    atomic_write_text(out / "compare.csv", rf.to_csv(index=False))
+    sections = [
+        ("runs", "Runs", [runs_table(runs, labs)]),
+        ("summary", "Summary", [summary_table(al, labs, rf)]),
+        ("significance", "Ratios and significance", [significance_table(rf)]),
+        ("full", "Aligned points", [ratio_table(al, labs)]),
+    ]
+    title = f"commbench comparison: {' vs '.join(labs)}"
+    html_path, md_path = out / "compare.html", out / "compare.md"
+    html_path.write_text(report.render_html(title, sections, figures, None, warns), encoding="utf-8")
+    md_path.write_text(report.render_markdown(title, sections, figures, None, out, warns), encoding="utf-8")
+    result: dict[str, Path] = {"html": html_path, "md": md_path, "csv": out / "compare.csv"}
+    for name, paths in written.items():
+        for f, p in paths.items():
+            result[f"{name}.{f}"] = p
+    return result
+
+
+def console_lines(compare_csv: Path, width: int | None = None) -> list[str]:
+    """compare.csv as console lines: one per point, ratio with interval and verdict, then a count."""
+    rf = pd.read_csv(compare_csv)
+    if rf.empty:
+        return ["# compare: the runs have no point in common"]
+    out = [f"# {'collective':<15} {'precision':<14} {'group':<6} {'size':>8} {'run':<12} {'time B/A':>8} {'interval':>11}  verdict"]
+    for r in rf.itertuples():
+        ci = f"{r.time_ratio_ci_low:.2f}-{r.time_ratio_ci_high:.2f}" if pd.notna(r.time_ratio_ci_low) else "n/a"
+        out.append(
+            f"  {str(r.collective)[:15]:<15} {str(r.precision)[:14]:<14} {str(r.group)[:6]:<6} "
+            f"{human_size(float(r.size_bytes)):>8} {str(r.run)[:12]:<12} {r.time_ratio:>8.3f} {ci:>11}  {r.verdict}"
+        )
+    sig = rf["significant"].map(lambda v: v is True or str(v) == "True")
+    out.append(
+        f"# {int(sig.sum())} of {len(rf)} ratios significant (interval excludes 1, adjusted for the {len(rf)} "
+        "compared: Benjamini-Hochberg, 5 % false discovery rate)"
+    )
+    return out
