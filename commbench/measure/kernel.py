@@ -1,6 +1,6 @@
 """Build driver for the package's C kernels, and the ctypes binding of the fp8 codec kernel.
 
-The C sources are package data (``commbench/kernels/*.c``). :func:`build` compiles one with the system C
+The C sources are package data (``commbench/measure/kernels/*.c``). :func:`build` compiles one with the system C
 compiler (``cc -O3 -march=native -fopenmp``) on first use, caches the shared object under
 ``$XDG_CACHE_HOME/commbench`` or ``~/.cache/commbench`` (keyed by source, compiler, flags and CPU, so a changed
 source or machine never loads a stale build) and loads it with ctypes, which releases the GIL during calls.
@@ -34,8 +34,8 @@ class KernelUnavailable(Exception):
 
 
 def source_text(name: str) -> str:
-    """Text of the packaged C source ``commbench/kernels/<name>``."""
-    return (resources.files("commbench") / "kernels" / name).read_text()
+    """Text of the packaged C source ``commbench/measure/kernels/<name>``."""
+    return (resources.files("commbench.measure") / "kernels" / name).read_text()
 
 
 def _cpu_signature() -> str:
@@ -77,7 +77,7 @@ def find_compiler() -> str | None:
 
 
 def build(name: str) -> ctypes.CDLL:
-    """Compile (or reuse the cached build of) ``commbench/kernels/<name>`` and load it.
+    """Compile (or reuse the cached build of) ``commbench/measure/kernels/<name>`` and load it.
 
     Raises :class:`KernelUnavailable` with the reason when there is no compiler or the build fails.
     """
