@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from commbench.planning import costmodel
+from commbench.planning import fitting
 from commbench.store import results
 
 COLLECTIVES = "all_reduce,all_gather,reduce_scatter"
@@ -119,7 +119,7 @@ def main() -> int:
     if max(fit_worlds + [args.check_world]) > (os.cpu_count() or 1):
         print(f"# NOTE: {max(fit_worlds)} ranks on {os.cpu_count()} cpus oversubscribe: those times include contention")
 
-    model = costmodel.fit([d for n in fit_worlds for d in dirs[n]])
+    model = fitting.fit([d for n in fit_worlds for d in dirs[n]])
     print(f"# fit on n={args.fit_worlds}, {args.rounds} run(s) each (ring formulas)")
     print(model.format_summary())
 

@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from commbench.cluster.emulate import EmulatedCluster, launch_job, list_namespaces, missing_requirements  # noqa: E402
-from commbench.planning import costmodel
+from commbench.planning import costmodel, fitting  # noqa: E402
 from commbench.store import results  # noqa: E402
 
 # One op per sample for the link-bound points (tens to hundreds of ms each); see benchmarks/interconnects.py.
@@ -146,7 +146,7 @@ def check(
     what: str, min_check: int,
 ) -> bool:  # fmt: skip
     """Fit on the runs of ``fit_on``, predict every point of ``check_on``'s runs, print the ratios; all within 20 %?"""
-    model = costmodel.fit([dirs[k] for k in fit_on])
+    model = fitting.fit([dirs[k] for k in fit_on])
     print(f"\n## {what}: fit on {', '.join(f'{n}x{g}' for n, g in fit_on)} (world groups, one rank per node), "
           f"predict {', '.join(f'{n}x{g}' for n, g in check_on)}")  # fmt: skip
     print(model.format_summary())

@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 import pandas as pd  # noqa: E402
 
-from commbench.planning import costmodel as cm
-from commbench.planning.plan import TORCH_ADAMW, plan, plan_policies
+from commbench.planning import fitting
+from commbench.planning.options import TORCH_ADAMW
+from commbench.planning.plan import plan, plan_policies
 from commbench.store.results import load_metadata
 from commbench.training.policies import get_policy
 
@@ -135,7 +136,7 @@ def main() -> None:
     n = int(t["world_size"].iloc[0])
     psi = float(t["params"].iloc[0])
     policies = [get_policy(p) for p in t["policy"]]
-    model = cm.fit([sweep])
+    model = fitting.fit([sweep])
     shape = plan_shape(t, cfg)
     pl = plan_policies(policies, parts=TORCH_ADAMW, model=model, **shape).set_index("strategy")
     pl_psi = plan_policies(policies, params=psi, nodes=1, gpus_per_node=n).set_index("strategy")  # Psi only
@@ -169,7 +170,7 @@ def main() -> None:
     prec = str(ar["precision"].iloc[0])
     nlog = int(ar["world_size"].iloc[0])
     bf = 2 * (nlog - 1) / nlog
-    nccl_model = cm.fit([nccl_run])
+    nccl_model = fitting.fit([nccl_run])
     print(f"# {len(ar)} all_reduce sizes {int(ar['size_bytes'].min())}..{int(ar['size_bytes'].max())} B, {prec}, "
           f"{nlog} ranks; the plan's fp8 is the codec hook, priced by this {prec} all_reduce fit")  # fmt: skip
 
@@ -199,7 +200,7 @@ def main() -> None:
     dcfg = load_metadata(d2)["suite"]["training"]
     dshape = plan_shape(t, dcfg)
     iso_sweep = a.d_sweep or ensure_isolated(a.work)
-    models = {"stream": model, "isolated": cm.fit([iso_sweep])}
+    models = {"stream": model, "isolated": fitting.fit([iso_sweep])}
     print(f"\n(d) comm time per step, wire only, no overlap: plan (comm_time_s - codec_time_s) / measured (comm_time_us:"
           f" {dcfg.get('comm_timed_steps')} timed steps, synchronous collectives, min over ranks per call; {d2}). Two"
           f" cost models: fitted to the stream sweep ({sweep}: back-to-back ops, nccl-tests' loop) and to the isolated"

@@ -105,7 +105,7 @@ def _world(rank: int, n: int) -> dict[str, Any]:
                 self.seen.append(f"{func} with a boolean mask (nonzero on a GPU)")
             return func(*args, **(kwargs or {}))
 
-    from commbench.cluster.metadata import agree_fp8_codec
+    from commbench.cli.orchestrate import agree_fp8_codec
 
     out["agreed"] = agree_fp8_codec(d)
     fp8.use_kernel(rank == 0)  # rank 1 falls back to the torch codec

@@ -205,8 +205,9 @@ def test_a_collective_the_rule_misreads_keeps_its_own_reference() -> None:
 
 def test_memory_estimate_counts_fp32_chunked_and_references() -> None:
     from commbench.core.suite import SuiteConfig
-    from commbench.measure.check import check_bytes, point_memory
+    from commbench.measure.check import check_bytes
     from commbench.measure.collectives import get_collective
+    from commbench.measure.footprint import point_memory
     from commbench.measure.precision import get_precision
 
     n, size = 2, 1 << 20

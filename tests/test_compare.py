@@ -10,7 +10,7 @@ import pytest
 
 from commbench.store.nccl_import import import_nccl_tests
 from commbench.views import compare
-from commbench.views.report import fmt
+from commbench.views.tables import fmt
 from tests.views_util import fabricate_run, real_run
 
 

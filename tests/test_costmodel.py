@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from commbench.measure.groups import GROUP_KINDS, GroupKind, register_group_kind
 from commbench.planning import costmodel as cm
+from commbench.planning.costmodel_io import SCHEMA_VERSION, model_to_dict, read_model, write_model
+from commbench.planning.fitting import fit, main_fit, nnls2
 from commbench.store.results import RunWriter
 
 ALPHA = 40e-6  # s per latency step
@@ -81,7 +85,7 @@ def test_ring_formulas_match_nccl_tests_bus_factors() -> None:
 # ------------------------------------------------------------------------------------------------ recovery
 @pytest.mark.parametrize("coll", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
 def test_recovers_alpha_beta_from_noisy_points(coll: str) -> None:
-    model = cm.fit(synth(coll, noise=0.03, ci_rel=0.03 * 1.96))
+    model = fit(synth(coll, noise=0.03, ci_rel=0.03 * 1.96))
     f = model.get(coll, "fp32")
     assert f.alpha_s == pytest.approx(ALPHA, rel=0.10)
     assert f.beta_s_per_byte == pytest.approx(BETA, rel=0.03)
@@ -94,7 +98,7 @@ def test_recovers_alpha_beta_from_noisy_points(coll: str) -> None:
 
 
 def test_noise_free_points_are_exact_and_residuals_kept() -> None:
-    model = cm.fit(synth("all_reduce", ci_rel=None))
+    model = fit(synth("all_reduce", ci_rel=None))
     f = model.get("all_reduce", "fp32")
     assert f.alpha_s == pytest.approx(ALPHA, rel=1e-9)
     assert f.beta_s_per_byte == pytest.approx(BETA, rel=1e-9)
@@ -106,7 +110,7 @@ def test_noise_free_points_are_exact_and_residuals_kept() -> None:
 
 
 def test_prediction_at_new_world_size_follows_the_formula() -> None:
-    model = cm.fit(synth("all_reduce", ci_rel=None))
+    model = fit(synth("all_reduce", ci_rel=None))
     for n, size in ((6, 2**22), (16, 2**24), (3, 2**20)):
         p = model.predict("all_reduce", "fp32", world_size=n, nbytes=size)
         assert p.time_s == pytest.approx(ring_time("all_reduce", n, size), rel=1e-9)
@@ -115,10 +119,10 @@ def test_prediction_at_new_world_size_follows_the_formula() -> None:
 
 
 def test_interval_covers_truth_and_shrinks_with_less_noise() -> None:
-    wide = cm.fit(synth("all_gather", noise=0.10, ci_rel=0.2, seed=1)).predict(
+    wide = fit(synth("all_gather", noise=0.10, ci_rel=0.2, seed=1)).predict(
         "all_gather", "fp32", world_size=4, nbytes=2**22
     )
-    narrow = cm.fit(synth("all_gather", noise=0.01, ci_rel=0.02, seed=1)).predict(
+    narrow = fit(synth("all_gather", noise=0.01, ci_rel=0.02, seed=1)).predict(
         "all_gather", "fp32", world_size=4, nbytes=2**22
     )
     truth = ring_time("all_gather", 4, 2**22)
@@ -132,10 +136,10 @@ def test_non_negative_parameters() -> None:
     df = synth("all_reduce", noise=0.05, ci_rel=0.1, seed=3)
     df["time_us"] = df["size_bytes"] * BETA * 2 * (df["world_size"] - 1) / df["world_size"] * 1e6
     df.loc[df["size_bytes"] == 2**16, "time_us"] *= 0.5  # pull the small-size end below the line
-    f = cm.fit(df).get("all_reduce", "fp32")
+    f = fit(df).get("all_reduce", "fp32")
     assert f.alpha_s == 0.0 and f.comm.free == (False, True)
     assert f.beta_s_per_byte > 0
-    lf = cm.nnls2(np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]]), np.array([3.0, 2.0, 1.0]), np.ones(3),
+    lf = nnls2(np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]]), np.array([3.0, 2.0, 1.0]), np.ones(3),
                   sigma_is_absolute=False)  # fmt: skip
     assert lf.params[1] == 0.0 and lf.params[0] == pytest.approx(2.0)  # decreasing data: slope clamped, mean left
 
@@ -149,8 +153,8 @@ def test_outlier_with_wide_ci_barely_moves_the_fit() -> None:
     wide = bad.copy()
     wide.loc[i, "time_ci_low_us"] = 0.0
     wide.loc[i, "time_ci_high_us"] = bad.loc[i, "time_us"] * 20
-    f_wide = cm.fit(wide).get("all_reduce", "fp32")
-    f_narrow = cm.fit(bad).get("all_reduce", "fp32")  # the outlier claims a +-2 % interval
+    f_wide = fit(wide).get("all_reduce", "fp32")
+    f_narrow = fit(bad).get("all_reduce", "fp32")  # the outlier claims a +-2 % interval
     moved_wide = abs(f_wide.beta_s_per_byte / BETA - 1)
     moved_narrow = abs(f_narrow.beta_s_per_byte / BETA - 1)
     assert moved_wide < 1e-3 and f_wide.alpha_s == pytest.approx(ALPHA, rel=1e-3)
@@ -160,14 +164,14 @@ def test_outlier_with_wide_ci_barely_moves_the_fit() -> None:
 
 def test_relative_weighting_when_no_uncertainty_columns() -> None:
     df = synth("all_reduce", ci_rel=None, noise=0.02).drop(columns=["cv", "samples"])
-    f = cm.fit(df).get("all_reduce", "fp32")
+    f = fit(df).get("all_reduce", "fp32")
     assert f.weighting == "relative"
     assert f.beta_s_per_byte == pytest.approx(BETA, rel=0.05)
 
 
 # ------------------------------------------------------------------------------------------------ extrapolation
 def test_extrapolation_flags_say_which() -> None:
-    model = cm.fit(synth("all_reduce", worlds=[2, 4], ci_rel=None))
+    model = fit(synth("all_reduce", worlds=[2, 4], ci_rel=None))
     inside = model.predict("all_reduce", "fp32", world_size=4, nbytes=2**20)
     assert not inside.extrapolated and inside.reason == "within the fitted range"
     interp = model.predict("all_reduce", "fp32", world_size=3, nbytes=2**20)
@@ -184,7 +188,7 @@ def test_extrapolation_flags_say_which() -> None:
 
 # ------------------------------------------------------------------------------------------------ sizes, codec
 def test_fp32_bytes_and_wire_bytes_for_bf16() -> None:
-    model = cm.fit(synth("all_reduce", "bf16", wire_ratio=0.5, ci_rel=None))
+    model = fit(synth("all_reduce", "bf16", wire_ratio=0.5, ci_rel=None))
     f = model.get("all_reduce", "bf16")
     assert f.wire_per_fp32 == 0.5
     a = model.predict("all_reduce", "bf16", world_size=4, fp32_bytes=2**22)
@@ -195,7 +199,7 @@ def test_fp32_bytes_and_wire_bytes_for_bf16() -> None:
 
 def test_codec_cost_per_byte_scaled_by_shard() -> None:
     c0, c1 = 15.0, 2e-4  # us, us per fp32 byte encoded
-    model = cm.fit(synth("all_gather", "fp8", ci_rel=None, wire_ratio=0.25, encode=(c0, c1)))
+    model = fit(synth("all_gather", "fp8", ci_rel=None, wire_ratio=0.25, encode=(c0, c1)))
     f = model.get("all_gather", "fp8")
     assert f.encode is not None and f.decode is None
     assert f.encode.params[0] * 1e6 == pytest.approx(c0, rel=1e-6)
@@ -213,7 +217,7 @@ def test_groups_fitted_separately() -> None:
     inter["time_us"] *= 10
     inter["group_size"] = inter["world_size"]
     inter["world_size"] = inter["world_size"] * 4
-    model = cm.fit([intra, inter])
+    model = fit([intra, inter])
     assert model.get("all_reduce", "fp32", "intra").alpha_s == pytest.approx(ALPHA, rel=1e-9)
     fi = model.get("all_reduce", "fp32", "inter")
     assert fi.alpha_s == pytest.approx(10 * ALPHA, rel=1e-9)
@@ -246,8 +250,41 @@ def test_link_sharing_counts_the_groups_crossing_a_node_link() -> None:
     assert cm.link_sharing("world", 1, 8) == 0
 
 
+def test_inter_node_share_is_the_ring_hops_between_nodes() -> None:
+    # a flat ring over 4 nodes x 8 ranks placed node by node crosses nodes on 4 of its 32 hops
+    assert cm.inter_node_share("world", 4, 8) == pytest.approx(4 / 32)
+    assert cm.inter_node_share("world", 3, 1) == 1.0  # one rank per node: every hop crosses
+    assert cm.inter_node_share("world", 1, 8) == 0.0
+    assert cm.inter_node_share("intra", 4, 8) == 0.0
+    assert cm.inter_node_share("inter", 4, 8) == 1.0
+
+
+class _Parity(GroupKind):
+    """Even ranks and odd ranks: a kind the cost model has never heard of."""
+
+    name = "parity"
+    description = "even ranks, odd ranks"
+
+    def partition(self, hosts: Sequence[str]) -> list[list[int]]:
+        return [list(range(0, len(hosts), 2)), list(range(1, len(hosts), 2))]
+
+
+def test_a_new_group_kind_needs_nothing_in_the_cost_model() -> None:
+    register_group_kind(_Parity())
+    try:
+        # 2 nodes x 4 ranks (hosts 0 0 0 0 1 1 1 1): [0, 2, 4, 6] and [1, 3, 5, 7] both span the two nodes, and
+        # each ring (0->2->4->6->0) crosses nodes on 2 of its 4 hops
+        assert cm.link_sharing("parity", 2, 4) == 2
+        assert cm.inter_node_share("parity", 2, 4) == 0.5
+        assert cm.link_sharing("parity", 1, 4) == 0 and cm.inter_node_share("parity", 1, 4) == 0.0
+        model = fit(synth("all_gather", ci_rel=None, worlds=[2, 4]).assign(group="parity"))
+        assert model.get("all_gather", "fp32", "parity").alpha_s == pytest.approx(ALPHA, rel=1e-9)
+    finally:
+        GROUP_KINDS.unregister("parity")
+
+
 def test_one_rank_per_node_fit_predicts_other_layouts_by_the_link_rule() -> None:
-    model = cm.fit(link_points([2, 3], 1, "world", 1))
+    model = fit(link_points([2, 3], 1, "world", 1))
     f = model.get("all_reduce", "fp32")
     assert f.link_shares == (1,) and f.crosses_nodes is True
     s = 4 * 2**20
@@ -268,7 +305,7 @@ def test_one_rank_per_node_fit_predicts_other_layouts_by_the_link_rule() -> None
 
 def test_fit_of_concurrent_inter_groups_is_per_link_byte() -> None:
     # inter groups on 2 and 4 nodes x 2 ranks: two groups share each node's link
-    model = cm.fit(link_points([2, 4], 2, "inter", 2, coll="all_gather"))
+    model = fit(link_points([2, 4], 2, "inter", 2, coll="all_gather"))
     f = model.get("all_gather", "fp32", "inter")
     assert f.link_shares == (2,) and f.world_sizes == (2, 4)
     assert f.beta_s_per_byte == pytest.approx(BETA, rel=1e-9) and f.alpha_s == pytest.approx(ALPHA, rel=1e-9)
@@ -278,13 +315,13 @@ def test_fit_of_concurrent_inter_groups_is_per_link_byte() -> None:
     eight = model.predict("all_gather", "fp32", world_size=4, nbytes=s, group="inter", nodes=4, concurrent=8)
     assert eight.time_s == pytest.approx(ALPHA * 3 + 8 * s * BETA * 3 / 4, rel=1e-9)
     # points within one node keep their beta (no link to share)
-    intra = cm.fit(synth("all_gather", ci_rel=None, worlds=[2, 4]).assign(group="intra", nodes=2))
+    intra = fit(synth("all_gather", ci_rel=None, worlds=[2, 4]).assign(group="intra", nodes=2))
     assert intra.get("all_gather", "fp32", "intra").link_shares == (0,)
     assert intra.get("all_gather", "fp32", "intra").beta_s_per_byte == pytest.approx(BETA, rel=1e-9)
 
 
 def test_layout_arguments_checked() -> None:
-    model = cm.fit(link_points([2, 3], 1, "world", 1))
+    model = fit(link_points([2, 3], 1, "world", 1))
     with pytest.raises(ValueError, match=r"concurrent must be an integer >= 1"):
         model.predict("all_reduce", "fp32", world_size=2, nbytes=2**20, concurrent=0)
     with pytest.raises(ValueError, match=r"nodes must be an integer in 1..world_size \(2\), got 3"):
@@ -293,10 +330,10 @@ def test_layout_arguments_checked() -> None:
 
 # ------------------------------------------------------------------------------------------------ JSON
 def test_json_round_trip(tmp_path: Path) -> None:
-    model = cm.fit([synth("all_reduce", noise=0.05, seed=2), synth("all_gather", "fp8", encode=(5.0, 1e-4)),
+    model = fit([synth("all_reduce", noise=0.05, seed=2), synth("all_gather", "fp8", encode=(5.0, 1e-4)),
                     link_points([2, 4], 2, "inter", 2)])  # fmt: skip
-    p = model.to_json(tmp_path / "m.json")
-    back = cm.CostModel.from_json(p)
+    p = write_model(model, tmp_path / "m.json")
+    back = read_model(p)
     assert set(back.fits) == set(model.fits)
     assert back.get("all_reduce", "fp32", "inter").link_shares == (2,)
     for key in model.fits:
@@ -305,47 +342,47 @@ def test_json_round_trip(tmp_path: Path) -> None:
         assert a == b
     assert len(back.residuals) == len(model.residuals)
     assert np.allclose(back.residuals["ratio"].astype(float), model.residuals["ratio"].astype(float))
-    assert json.loads(p.read_text())["schema_version"] == cm.SCHEMA_VERSION
+    assert json.loads(p.read_text())["schema_version"] == SCHEMA_VERSION
 
 
 def test_bad_json_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read cost model"):
-        cm.CostModel.from_json(tmp_path / "missing.json")
+        read_model(tmp_path / "missing.json")
     (tmp_path / "a.json").write_text("{not json")
     with pytest.raises(ValueError, match="is not JSON"):
-        cm.CostModel.from_json(tmp_path / "a.json")
+        read_model(tmp_path / "a.json")
     (tmp_path / "b.json").write_text('{"fits": []}')
     with pytest.raises(ValueError, match="not a commbench cost model"):
-        cm.CostModel.from_json(tmp_path / "b.json")
-    d = cm.fit(synth()).to_dict()
+        read_model(tmp_path / "b.json")
+    d = model_to_dict(fit(synth()))
     (tmp_path / "c.json").write_text(json.dumps({**d, "schema_version": 99}))
     with pytest.raises(ValueError, match="schema version 99"):
-        cm.CostModel.from_json(tmp_path / "c.json")
+        read_model(tmp_path / "c.json")
     del d["fits"][0]["comm"]
     (tmp_path / "d.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match="malformed.*comm"):
-        cm.CostModel.from_json(tmp_path / "d.json")
+        read_model(tmp_path / "d.json")
 
 
 # ------------------------------------------------------------------------------------------------ bad input
 def test_bad_inputs_say_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        cm.fit([])
+        fit([])
     with pytest.raises(ValueError, match="lacks column.*time_us"):
-        cm.fit(synth().drop(columns=["time_us"]))
+        fit(synth().drop(columns=["time_us"]))
     with pytest.raises(ValueError, match="unknown group"):
-        cm.fit(synth().assign(group="rack"))
+        fit(synth().assign(group="rack"))
     with pytest.raises(ValueError, match="unknown algorithm"):
-        cm.fit(synth(), algorithm="bcube")
+        fit(synth(), algorithm="bcube")
     mixed = synth()
     mixed.loc[0, "backend"] = "nccl"
     with pytest.raises(ValueError, match="several backends"):
-        cm.fit(mixed)
-    model = cm.fit(synth(sizes=[2**20], worlds=[2, 4]))
+        fit(mixed)
+    model = fit(synth(sizes=[2**20], worlds=[2, 4]))
     assert "1 distinct size" in model.skipped["all_reduce/fp32/world"]
     with pytest.raises(ValueError, match="no model for all_reduce/fp32/world: .*distinct size"):
         model.predict("all_reduce", "fp32", world_size=2, nbytes=2**20)
-    good = cm.fit(synth())
+    good = fit(synth())
     with pytest.raises(ValueError, match="exactly one of nbytes"):
         good.predict("all_reduce", "fp32", world_size=2)
     with pytest.raises(ValueError, match="exactly one of nbytes"):
@@ -369,9 +406,9 @@ def _run_dir(path: Path, df: pd.DataFrame) -> Path:
 def test_main_fit_from_run_dirs(tmp_path: Path) -> None:
     d2 = _run_dir(tmp_path / "n2", synth("reduce_scatter", worlds=[2], ci_rel=None))
     d4 = _run_dir(tmp_path / "n4", synth("reduce_scatter", worlds=[4], ci_rel=None))
-    text = cm.main_fit([d2, d4], tmp_path / "out" / "model.json")
+    text = main_fit([d2, d4], tmp_path / "out" / "model.json")
     assert "reduce_scatter" in text and "2,4" in text and "5.000" in text  # busbw GB/s
-    model = cm.CostModel.from_json(tmp_path / "out" / "model.json")
+    model = read_model(tmp_path / "out" / "model.json")
     p = model.predict("reduce_scatter", "fp32", world_size=3, nbytes=2**23)
     assert p.time_s == pytest.approx(ring_time("reduce_scatter", 3, 2**23), rel=1e-6)
     assert set(model.residuals["source"]) == {str(d2), str(d4)}
@@ -380,15 +417,15 @@ def test_main_fit_from_run_dirs(tmp_path: Path) -> None:
 def test_timing_mode_is_kept_and_never_mixed(tmp_path: Path) -> None:
     # A fit of isolated-mode points says so (and in its JSON); runs without the column are stream; mixing refuses.
     iso = synth("all_reduce").assign(timing_mode="isolated")
-    model = cm.fit([iso, synth("all_gather")])
+    model = fit([iso, synth("all_gather")])
     assert model.get("all_reduce", "fp32", "world").timing_mode == "isolated"
     assert model.get("all_gather", "fp32", "world").timing_mode == "stream"
-    back = cm.CostModel.from_json(model.to_json(tmp_path / "m.json"))
+    back = read_model(write_model(model, tmp_path / "m.json"))
     assert back.get("all_reduce", "fp32", "world").timing_mode == "isolated"
     old = json.loads((tmp_path / "m.json").read_text())
     for f in old["fits"] if isinstance(old["fits"], list) else old["fits"].values():
         f.pop("timing_mode")
     (tmp_path / "old.json").write_text(json.dumps(old))
-    assert cm.CostModel.from_json(tmp_path / "old.json").get("all_reduce", "fp32", "world").timing_mode == "stream"
+    assert read_model(tmp_path / "old.json").get("all_reduce", "fp32", "world").timing_mode == "stream"
     with pytest.raises(ValueError, match=r"all_reduce/fp32/world: points timed in several modes \(isolated, stream\)"):
-        cm.fit([iso, synth("all_reduce", seed=1)])
+        fit([iso, synth("all_reduce", seed=1)])

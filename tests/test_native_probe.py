@@ -54,7 +54,7 @@ def _world(rank: int, n: int, fail_static: bool) -> dict[str, Any]:
             rows += [(r.collective, r.fp32_bytes, r.precision, r.wrong) for _, r in sweep.run_group(g)]
     import pandas as pd
 
-    from commbench.views.report import pitfalls
+    from commbench.views.findings import pitfalls
     from commbench.views.rundata import RunData
 
     notes = pitfalls(RunData(run_dir=None, results=pd.DataFrame(), metadata={"skipped": sweep.unavailable}))  # type: ignore[arg-type]

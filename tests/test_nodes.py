@@ -29,7 +29,8 @@ from commbench.cluster.metadata import merge_nodes, nics
 from commbench.training.policies import get_policy
 from commbench.training.runner import Nodes
 from commbench.training.strategies import DDP, FSDP2, HSDP, INTER, INTRA
-from commbench.views.report import build_tables, nodes_table, topology_tables
+from commbench.views.metadata_tables import nodes_table, topology_tables
+from commbench.views.report import build_tables
 from commbench.views.rundata import load_run
 from tests.cli_util import FAST
 from tests.distutil import run_in_world

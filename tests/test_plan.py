@@ -13,8 +13,10 @@ import pytest
 
 import commbench
 from commbench import cli
-from commbench.planning import costmodel as cm
-from commbench.planning.plan import Shape, plan
+from commbench.planning import fitting
+from commbench.planning.options import Shape
+from commbench.planning.plan import plan
+from commbench.planning.pricing import native_precision
 from tests.cli_util import commbench as run_cli
 from tests.test_costmodel import ALPHA, BETA, link_points, synth
 
@@ -141,7 +143,7 @@ def _ring_all_reduce(n: int, size: float) -> float:
 
 
 def test_comm_time_exposed_and_step_from_a_known_model() -> None:
-    model = cm.fit(synth("all_reduce", ci_rel=None, sizes=[2**k for k in range(16, 28, 2)]))
+    model = fitting.fit(synth("all_reduce", ci_rel=None, sizes=[2**k for k in range(16, 28, 2)]))
     n = 8
     psi = (2**20 + 25 * 2**20) / 4  # exactly DDP's two default buckets: 1 MiB and 25 MiB of fp32
     compute_ms = 10.0
@@ -170,7 +172,7 @@ def test_comm_time_exposed_and_step_from_a_known_model() -> None:
 def test_inter_node_groups_priced_by_the_link_rule() -> None:
     # the node link measured with one rank per node (2 and 3 nodes): BETA per byte of the link
     bf16 = {"precision": "bf16", "fp32_bytes": lambda d: 2 * d["size_bytes"]}
-    link = cm.fit([link_points([2, 3], 1, "world", 1).assign(**bf16), link_points([2, 3], 1, "inter", 1).assign(**bf16),
+    link = fitting.fit([link_points([2, 3], 1, "world", 1).assign(**bf16), link_points([2, 3], 1, "inter", 1).assign(**bf16),
                    *(synth(c, "bf16", ci_rel=None, worlds=[2, 4, 8]).assign(group="intra")
                      for c in ("all_gather", "reduce_scatter"))])  # fmt: skip
     nodes, g = 4, 8
@@ -193,6 +195,14 @@ def test_inter_node_groups_priced_by_the_link_rule() -> None:
     )
 
 
+def test_a_dtype_is_priced_by_the_precision_that_runs_natively_in_it() -> None:
+    # asked of the precision registry: the precision whose user tensor and wire are both that dtype
+    assert native_precision("float") == "fp32"
+    assert native_precision("bfloat16") == "bf16"
+    assert native_precision("half") == "fp16"
+    assert native_precision("uint8") is None  # fp8 codes travel as uint8, but from an fp32 tensor: a codec
+
+
 def test_tflops_and_mfu_give_six_psi_flops_per_token() -> None:
     psi, s, b = 1e9, 2048, 4
     r = plan(params=psi, nodes=1, gpus_per_node=8, strategies=["ddp"], precisions=["bf16"], tflops=989.0, mfu=0.4,
@@ -204,7 +214,7 @@ def test_tflops_and_mfu_give_six_psi_flops_per_token() -> None:
 def test_package_exports_fit_and_plan() -> None:
     df = commbench.plan(params=1e6, nodes=1, gpus_per_node=2, strategies=["ddp"], precisions=["fp32"])
     assert df.iloc[0]["comm_bytes_per_step"] == pytest.approx(4e6)  # 2(n-1)/n = 1 at n = 2
-    assert commbench.fit is cm.fit
+    assert commbench.fit is fitting.fit
 
 
 # ------------------------------------------------------------------------------------------------ CLI

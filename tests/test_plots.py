@@ -18,8 +18,8 @@ import pytest
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
+from commbench.core.units import human_bytes, human_rate, human_time
 from commbench.views import plots
-from commbench.views.rundata import human_bytes, human_rate, human_time
 from tests.views_util import fabricate_run, fabricate_training, real_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

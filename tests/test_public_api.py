@@ -15,3 +15,8 @@ def test_dir_is_the_public_api_and_every_name_resolves() -> None:
 def test_package_ships_py_typed() -> None:
     # PEP 561: without the marker a user's mypy ignores commbench's annotations
     assert (Path(commbench.__file__).parent / "py.typed").is_file()
+
+
+def test_every_lazy_name_is_public() -> None:
+    # a name the package resolves lazily but leaves out of __all__ would be undocumented (docs/api.md is __all__)
+    assert set(commbench._LAZY) | {"__version__", "format_size", "parse_size"} == set(commbench.__all__)

@@ -21,8 +21,8 @@ import pytest
 
 import commbench
 from commbench.cluster.metadata import build_metadata
-from commbench.core.records import CollectivePoint, Record, col, record_for_table
-from commbench.store.results import SCHEMA_VERSION, RunWriter, load, load_table, read_journal
+from commbench.core.records import SCHEMA_VERSION, CollectivePoint, Record, col, record_for_table
+from commbench.store.results import RunWriter, load, load_table, read_journal
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "results" / "examples" / "quick"
 

@@ -12,9 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from commbench.core.units import human_bytes, human_rate
 from commbench.store.nccl_import import import_nccl_tests
-from commbench.views import report
-from commbench.views.rundata import human_bytes, human_rate
+from commbench.views import render, report
+from commbench.views.rundata import load_run
+from commbench.views.tables import gain_table
 
 try:
     import tomllib
@@ -182,7 +184,7 @@ def test_imported_nccl_tests_run(tmp_path: Path) -> None:
 def test_gain_table_matches_formula(tmp_path: Path) -> None:
     run = fabricate_run(tmp_path / "run", training=False)
     df = pd.read_csv(run / "results.csv")
-    table = report.gain_table(df)
+    table = gain_table(df)
     assert table is not None
     d = df[(df["collective"] == "all_reduce") & (df["payload"] == "normal")]
     big = d["fp32_bytes"].max()
@@ -226,7 +228,7 @@ def test_a_figure_registered_here_appears_in_the_report(tmp_path: Path) -> None:
     figure_ids = [a.get("id") for tag, a in tags(html) if tag == "figure"]
     assert figure_ids[-1] == "fig-toy_points"  # registered last, drawn last
     assert caption in html
-    assert f"![{report.md_escape(caption)}](plots/toy_points.png)" in md
+    assert f"![{render.md_escape(caption)}](plots/toy_points.png)" in md
     # a builder that returns None leaves no file and no figure behind
     assert "toy_points.png" not in empty and caption not in empty["html"].read_text()
     assert "toy_points" not in plots.FIGURES
@@ -335,7 +337,7 @@ def test_findings_state_only_significant_results(tmp_path: Path) -> None:
 
 
 def test_tables_show_intervals_and_a_winner_only_when_significant(tmp_path: Path) -> None:
-    run = report.load_run(interval_run(tmp_path / "run"))
+    run = load_run(interval_run(tmp_path / "run"))
     tables = {t.key: t for t in report.build_tables(run)["summary"]}
     best = [r for r in tables["best-precision"].rows if r[0] == "all_reduce"]
     # fp8 wins where its interval lies above 1 (g * 0.9 > 1), and nowhere else
@@ -366,4 +368,55 @@ def test_tables_show_intervals_and_a_winner_only_when_significant(tmp_path: Path
 
 def test_markdown_escapes_without_entities_in_headings() -> None:
     # '>' opens no HTML tag: readable as is; '<' and '&' become entities; '|' cannot split a cell
-    assert report.md_escape("ratio > 1 | <b> & co") == "ratio > 1 \\| &lt;b> &amp; co"
+    assert render.md_escape("ratio > 1 | <b> & co") == "ratio > 1 \\| &lt;b> &amp; co"
+
+
+TOY_PLUGIN = """
+import matplotlib.pyplot as plt
+
+from commbench.views import plots
+
+
+@plots.FIGURES.register("plugin_points", "Points per collective, drawn by a plugin module.")
+def plugin_points(run):
+    if run.results.empty:
+        return None
+    fig, ax = plt.subplots()
+    counts = run.results["collective"].value_counts()
+    ax.bar(list(counts.index), list(counts.values))
+    return fig
+"""
+
+VIEW_PROCESS = """
+import sys
+from pathlib import Path
+
+import commbench.views.compare
+import commbench.views.report
+
+print("torch.distributed imported:", "torch.distributed" in sys.modules)
+out = commbench.views.report.write_report(Path(sys.argv[1]))
+print("figures:", " ".join(sorted(k for k in out if k.endswith(".png"))))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_plugins_figure_is_drawn_and_views_import_no_torch_distributed(tmp_path: Path) -> None:
+    """A figure registered by a plugin module (``COMMBENCH_PLUGINS``, what ``--plugin`` sets) is drawn by the report
+    in a fresh process, and loading the views pulls in no torch.distributed."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "toy_figure_plugin.py").write_text(TOY_PLUGIN)
+    run = fabricate_run(tmp_path / "run")
+    env = {**os.environ, "COMMBENCH_PLUGINS": "toy_figure_plugin"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", VIEW_PROCESS, str(run)], env=env, capture_output=True, text=True, timeout=170
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torch.distributed imported: False" in done.stdout
+    assert "plugin_points.png" in done.stdout
+    html = (run / "report.html").read_text()
+    assert 'id="fig-plugin_points"' in html and "drawn by a plugin module" in html

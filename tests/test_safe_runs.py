@@ -108,7 +108,7 @@ def test_huge_size_refused_before_spawning(tmp_path: Path) -> None:
 
 def test_memory_estimate_sums_precisions() -> None:
     from commbench.core.suite import SuiteConfig
-    from commbench.measure.check import memory_problem, point_memory
+    from commbench.measure.footprint import memory_problem, point_memory
 
     one = SuiteConfig(collectives=["all_gather"], precisions=["fp32"], min_bytes=1 << 20, max_bytes=1 << 20)
     two = SuiteConfig(collectives=["all_gather"], precisions=["fp32", "bf16"], min_bytes=1 << 20, max_bytes=1 << 20)

@@ -18,13 +18,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-from commbench.training import TrainingConfig, bf16_vs_fp16, gain_table, list_policies
+from commbench.training import TrainingConfig, list_policies
 from commbench.training.comm import CommCounter, bus_factor
 from commbench.training.models import build_model
 from commbench.training.pitfalls import batchnorm_low_precision, fp16_unscaled, low_precision_grads
 from commbench.training.policies import get_policy
 from commbench.training.runner import fsdp_units
 from commbench.training.strategies import GradScaling
+from commbench.views.training_tables import bf16_vs_fp16, gain_table
 from tests.distutil import run_in_world
 
 N = 2

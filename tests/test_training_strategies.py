@@ -208,3 +208,48 @@ def test_toy_policy_runs_and_its_bytes_match_its_formula() -> None:
     assert measured == {"all_gather:half": pytest.approx((N - 1) * psi * 2)}
     # the fp16 all-gather carries half the fp32 all-reduce's bytes at n = 2
     assert toy["comm_saved_vs_fp32"] == pytest.approx(0.5)
+
+
+# --- underflow thresholds: attributes of the strategy objects, for any registered codec ----------------
+
+
+E5M2 = Policy(name="toy_e5m2_hook", family="ddp", description="DDP, fp8 e5m2 codec hook", grad_comm=CodecHook("fp8_e5m2"))
+
+
+def test_underflow_thresholds_come_from_the_strategy_objects() -> None:
+    # half the smallest subnormal relative to the format's maximum (the scale maps the amax onto it)
+    assert get_policy("fp8_hook").underflow.relative == 2.0**-10 / 448
+    assert E5M2.underflow.relative == 2.0**-17 / 57344 and E5M2.underflow.absolute == 0.0
+    assert get_policy("fp16_hook").underflow.absolute == 2.0**-25
+    assert get_policy("amp_bf16").underflow.absolute == 2.0**-134
+    assert (get_policy("fp32").underflow.absolute, get_policy("fp32").underflow.relative) == (0.0, 0.0)
+    assert get_policy("amp_fp16_noscaler").loss_scaling_format == "fp16"
+    assert get_policy("bf16_hook").loss_scaling_format is None and E5M2.loss_scaling_format is None
+    # a hook without its own threshold: the torch dtype its wire names, else exact zeros only
+    assert TOY.underflow.absolute == 2.0**-25
+    unknown = GatherHalf(wire="int4")
+    assert (unknown.underflow.absolute, unknown.underflow.relative) == (0.0, 0.0)
+
+
+def test_a_hook_that_cannot_run_fails_at_registration() -> None:
+    bad = Policy(name="toy_bad_codec", family="ddp", description="", grad_comm=CodecHook("int3"))
+    with pytest.raises(ValueError, match="training policy 'toy_bad_codec': unknown codec 'int3'.*fp8_e4m3"):
+        register_policy(bad)
+    assert bad.name not in list_policies()
+
+
+def _run_e5m2(rank: int, world_size: int) -> list[dict[str, Any]]:
+    from commbench.training import run_training
+
+    register_policy(E5M2)
+    summary, _ = run_training({**TOY_SECTION, "policies": [E5M2.name]}, device=torch.device("cpu"))
+    return [r.as_dict() for r in summary]
+
+
+@pytest.mark.timeout(120)
+def test_fp8_e5m2_codec_hook_runs() -> None:
+    rows = {r["policy"]: r for r in run_in_world(_run_e5m2, nproc=N, timeout=100)[0]}
+    row = rows[E5M2.name]
+    assert row["error"] == "" and row["comm_dtype"] == "fp8_e5m2" and math.isfinite(row["final_loss"])
+    assert 0.0 <= row["underflow_frac"] < 1.0
+    assert json.loads(row["comm_by_op"]) == pytest.approx(json.loads(row["comm_expected_by_op"]))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from commbench import __version__
+from commbench.core.records import COMMBENCH_VERSION
 from commbench.core.suite import (
     BACKENDS,
     DEVICE_TIMERS,
@@ -20,7 +20,6 @@ from commbench.core.suite import (
     SuiteConfig,
     TimingConfig,
     load_suite,
-    resolve_suite_path,
     suite_from_dict,
 )
 from commbench.core.units import SIZE_HELP, format_size, parse_size
@@ -79,39 +78,46 @@ def _positive_float(text: str) -> float:
 
 
 def _suite_defaults() -> dict[str, str]:
-    """What the default suite sets, as the help shows it: read from its TOML file (no import of the training
-    section, so `--help` stays instant), timing keys it leaves out from TimingConfig's defaults."""
+    """What the default suite sets, as the help shows it: the suite as the loader reads it (the one reader of suite
+    files); {} when it cannot be loaded (the help then says "unset")."""
     try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        data = tomllib.loads(resolve_suite_path(DEFAULT_SUITE).read_text())
+        suite = load_suite(DEFAULT_SUITE)
     except (OSError, ValueError):
-        data = {}
-    timing = {f: getattr(TimingConfig(), f) for f in TimingConfig.__slots__}  # type: ignore[attr-defined]
-    timing.update(data.get("timing") or {})
-    def show(v: Any) -> str:
-        return ",".join(map(str, v)) if isinstance(v, list) else ("yes" if v else "no") if isinstance(v, bool) else str(v)
+        return {}
 
-    out = {k: show(v) for k, v in data.items() if not isinstance(v, dict)}
-    for k in ("min_bytes", "max_bytes"):
-        if k in out:
-            out[k] = format_size(parse_size(out[k]))
-    out.update({f"timing.{k}": f"{v:g}" if isinstance(v, float) else str(v) for k, v in timing.items()})
-    out["training"] = "yes" if "training" in data else "no"
+    def show(v: Any) -> str:
+        if isinstance(v, list):
+            return ",".join(map(str, v))
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    out = {k: show(getattr(suite, k)) for k in ("collectives", "precisions", "groups", "factor", "payload", "check")}
+    out.update(min_bytes=format_size(suite.min_bytes), max_bytes=format_size(suite.max_bytes))
+    out.update({f"timing.{f}": show(getattr(suite.timing, f)) for f in TimingConfig.__slots__})  # type: ignore[attr-defined]
+    out["training"] = "yes" if suite.training is not None else "no"
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
+PLUGIN_HELP = (
+    "import MODULE before the command runs, so that what it registers (a codec, a collective, a policy, a figure) "
+    "can be named; repeatable, and passed on to spawned ranks (COMMBENCH_PLUGINS) (default: none; installed "
+    "distributions' entry points of the group commbench.plugins are always loaded)"
+)
+
+
+def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
+    """The parser; with ``suite_defaults`` the help states the default suite's values (which loads that suite:
+    only worth it when the help is shown)."""
     p = _Parser(prog="commbench", description="Communication-precision benchmarks for distributed PyTorch.")
-    q = _suite_defaults()
+    q = _suite_defaults() if suite_defaults else {}
 
     def dflt(key: str) -> str:
         """'(default: the suite's; quick: 1K)': a flag left out keeps the suite's value."""
         return f"(default: the suite's value; {DEFAULT_SUITE}: {q.get(key, 'unset')})"
 
-    p.add_argument("--version", action="version", version=f"commbench {__version__}")
+    p.add_argument("--version", action="version", version=f"commbench {COMMBENCH_VERSION}")
+    p.add_argument("--plugin", action="append", dest="plugins", default=[], metavar="MODULE", help=PLUGIN_HELP)
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     r = sub.add_parser(
@@ -217,16 +223,46 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--mfu", type=_positive_float, help="model flops utilisation, 0..1 (with --tflops)")
     pl.add_argument("--overlap", type=float, default=None, help="fraction of compute comm hides behind (default 2/3)")
     pl.add_argument("--out", type=Path, required=True, help="output directory (plan.csv, plan.md, plan.html)")
+    for parser in sub.choices.values():  # also after the sub-command (its own dest: the sub-parser's would win)
+        parser.add_argument(
+            "--plugin", action="append", dest="plugins_after", default=[], metavar="MODULE", help=PLUGIN_HELP
+        )
     return p
+
+
+def _leading_plugins(argv: list[str]) -> int:
+    """How many of ``argv``'s first arguments are ``--plugin MODULE`` options (before a sub-command)."""
+    i = 0
+    while i < len(argv):
+        if argv[i].startswith("--plugin="):
+            i += 1
+        elif argv[i] == "--plugin" and i + 1 < len(argv):
+            i += 2
+        else:
+            break
+    return i
+
+
+def load_plugins(modules: list[str]) -> None:
+    """Load the ``--plugin`` modules (and the installed entry points) now, so a module that cannot be imported is
+    one line and exit 2 before anything runs; the environment carries them to every process this one starts. The
+    built-ins load with their registries (so `list` and `--help` import no torch)."""
+    from commbench.core import plugins
+
+    plugins.request(modules)
+    plugins.load(builtins=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `python -m commbench [run flags]` is `run` on the default suite, like a bare nccl-tests binary.
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
-        argv = ["run", *argv]
+    lead = _leading_plugins(argv)
+    rest = argv[lead:]
+    if not rest or (rest[0].startswith("-") and rest[0] not in ("-h", "--help", "--version")):
+        argv = [*argv[:lead], "run", *rest]
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(suite_defaults="-h" in argv or "--help" in argv).parse_args(argv)
+        load_plugins([*args.plugins, *getattr(args, "plugins_after", [])])
         if args.command is None:
             raise CLIError(f"no command given; valid commands: {', '.join(COMMANDS)}")
         command = COMMANDS.get(args.command)
@@ -422,6 +458,7 @@ def resume_hint(args: argparse.Namespace, out: Path) -> str:
 
 
 def cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.core import plugins
     from commbench.core.suite import available_suites
     from commbench.measure.collectives import COLLECTIVES
     from commbench.measure.precision import get_precision, precision_help, precision_names
@@ -445,6 +482,15 @@ def cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
         print("  " + ", ".join(list_policies()))
     except ImportError:
         pass
+    from commbench.views.plots import FIGURES
+
+    print("report figures:")
+    print("  " + ", ".join(FIGURES))
+    external = [p for p in plugins.loaded() if p.source != "builtin"]
+    if external:
+        print("plugins:")
+        for p in external:
+            print(f"  {p.name:<16} {p.source}")
     return 0
 
 
@@ -493,7 +539,7 @@ def cmd_import(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_fit(args: argparse.Namespace, argv: list[str]) -> int:
-    from commbench.planning.costmodel import main_fit
+    from commbench.planning.fitting import main_fit
     from commbench.store.results import load_metadata
 
     for r in args.run_dirs:
@@ -503,7 +549,10 @@ def cmd_fit(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, argv: list[str]) -> int:
-    from commbench.planning.plan import OVERLAP, PRECISIONS, STRATEGIES, format_plan, plan, write_plan
+    from commbench.planning.options import PRECISIONS, STRATEGIES
+    from commbench.planning.plan import plan
+    from commbench.planning.plan_render import format_plan, write_plan
+    from commbench.planning.pricing import OVERLAP
 
     if args.model is not None and args.run_dir is not None:
         raise CLIError("give either --model model.json or a RUN_DIR, not both")

@@ -17,8 +17,12 @@ from typing import Any
 from commbench.core.suite import SuiteConfig
 from commbench.core.units import format_size
 from commbench.measure import console
+from commbench.measure.timing import sample_timer
 
-__all__ = ["default_run_dir", "memory_check", "report_after_run", "resume_conflicts", "run_metadata", "run_worker"]
+__all__ = [
+    "agree_fp8_codec", "default_run_dir", "memory_check", "report_after_run", "resume_conflicts", "run_metadata",
+    "run_worker",
+]
 
 RESUME_FIXED: dict[str, str] = {
     "collectives": "--collectives",
@@ -71,7 +75,7 @@ def memory_check(
     The supervisor of a local spawn passes ``device_free`` (read through NVML: it must not create a CUDA context)
     and no ``device``; a rank passes its own ``device``, whose free memory it reads itself."""
     from commbench.cluster.launch import device_free_bytes
-    from commbench.measure.check import host_available_bytes, memory_problem
+    from commbench.measure.footprint import host_available_bytes, memory_problem
 
     on_gpu = backend == "nccl"
     if device_free is None and device is not None:
@@ -107,6 +111,31 @@ def report_after_run(out: Path) -> None:
         )
 
 
+def fp8_codec(device: Any) -> str:
+    """The fp8 codec this process runs on ``device`` (``commbench.measure.fp8.codec_info``)."""
+    from commbench.measure.fp8 import codec_info
+
+    return codec_info(device)
+
+
+def agree_fp8_codec(d: Any) -> str:
+    """Every rank's fp8 codec (a collective call: every rank calls it); raises ValueError, one line naming the
+    ranks, when they differ: the ranks would encode and decode at different speeds, so the timings would mix
+    two codecs without saying so."""
+    mine = fp8_codec(d.device)
+    every = d.gather_object(mine)
+    if len(set(every)) > 1:
+        groups: dict[str, list[int]] = {}
+        for r, c in enumerate(every):
+            groups.setdefault(str(c), []).append(r)
+        said = "; ".join(f"rank(s) {','.join(map(str, rs))}: {c}" for c, rs in groups.items())
+        raise ValueError(
+            f"ranks disagree on the fp8 codec ({said}); install the same C compiler on every node or set "
+            "COMMBENCH_FP8_KERNEL=0 everywhere"
+        )
+    return mine
+
+
 def run_metadata(
     suite: SuiteConfig,
     d: Any,
@@ -116,9 +145,53 @@ def run_metadata(
     *,
     collective_timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    from commbench.cluster.metadata import run_metadata as build
+    """Metadata of a run measured now on the world ``d`` (a ``launch.Dist``), from rank 0; ``nodes``: what
+    ``cluster.metadata.gather_nodes`` returned; ``collective_timeout_s``: the ``--timeout`` given (None: torch's
+    own)."""
+    import torch
 
-    return build(suite, d, argv, start, nodes, collective_timeout_s=collective_timeout_s)
+    from commbench.cluster import nvml
+    from commbench.cluster.launch import DEFAULT_COLLECTIVE_TIMEOUT_S
+    from commbench.cluster.metadata import build_metadata, git_commit
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:
+            nccl = None
+    spec = suite.to_dict()
+    return build_metadata(
+        start_time=start,
+        end_time=None,
+        host=d.host,
+        hosts=sorted(set(d.hosts)),
+        device_name=d.device_name(),
+        backend=d.backend,
+        world_size=d.world_size,
+        nodes=d.nodes,
+        nproc_per_node=d.info.local_world_size,
+        threads_per_rank=d.threads,
+        launcher=d.info.launcher,
+        torch_version=torch.__version__,
+        nccl_version=nccl,
+        suite=spec,
+        timing=spec["timing"],
+        argv=argv,
+        git_commit=git_commit(),
+        extra={
+            "fp8_codec": fp8_codec(d.device),
+            "device": d.device_kind,
+            "gloo_available": torch.distributed.is_gloo_available(),
+            "cpu_count": os.cpu_count(),
+            "cuda_version": torch.version.cuda,
+            "driver_version": nvml.driver_version(),
+            "collective_timeout_s": DEFAULT_COLLECTIVE_TIMEOUT_S
+            if collective_timeout_s is None
+            else collective_timeout_s,
+            "node_reports": nodes or [],
+        },
+    )
 
 
 def nccl_debug_path(out: Any, rank: int) -> Path:
@@ -166,10 +239,8 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         problem = ""
         out = args.resume or args.out or default_run_dir(d.backend, d.world_size)
         try:
-            from commbench.cluster.metadata import agree_fp8_codec
-
             agree_fp8_codec(d)
-            d.sample_timer(suite.timing.device_timer)  # events off CUDA: one line on every rank, before any point
+            sample_timer(d, suite.timing.device_timer)  # events off CUDA: one line on every rank, before any point
         except ValueError as e:
             problem = str(e)
         from commbench.cluster.metadata import gather_nodes
@@ -313,20 +384,22 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
 def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = False) -> None:
     import torch.distributed as dist
 
-    from commbench.training import run_training
+    from commbench.training.config import TrainingConfig
+    from commbench.training.runner import run_training
 
-    assert suite.training is not None
+    section = suite.training
+    assert isinstance(section, TrainingConfig)  # the parser registered for the [training] table made it
     # --resume: rank 0 knows which policies finished; every rank must skip the same ones.
     done: list[Any] = [sorted(writer.done_policies()) if writer is not None else None]
     dist.broadcast_object_list(done, src=0)
 
-    policies = list(getattr(suite.training, "policies", None) or [])
+    policies = list(section.policies)
     left = len([p for p in policies if p not in set(done[0])])
     lead = d.rank == 0
     if lead:
         if done[0]:
             print(f"# resuming training: {len(done[0])} policies already measured, {left} left")
-        print(f"# training: {left} policies, {suite.training.steps} steps each; per policy: median step time [95 % CI],")
+        print(f"# training: {left} policies, {section.steps} steps each; per policy: median step time [95 % CI],")
         print("#   speed-up vs fp32 (* significant, ~ not), peak memory per rank, bytes per step per rank, loss drift")
     progress = console.SweepProgress(left, enabled=lead and not quiet, label="training")
 
@@ -339,6 +412,6 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = Fals
             progress.advance(f"training {summary[0].policy}" if summary else "training")
 
     try:
-        run_training(suite.training, device=d.device, sync=d.sync, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
+        run_training(section, device=d.device, sync=d.sync, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
     finally:
         progress.stop()

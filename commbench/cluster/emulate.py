@@ -201,8 +201,8 @@ class EmulatedCluster:
         self.rate_bps = rate_bits_per_s(rate) if rate is not None else None
         # The bucket must hold a whole GSO segment (64 KiB on veth) or large packets are dropped; beyond that,
         # ~1 ms of traffic at the rate: a message starting with a full bucket passes its first `burst` bytes at
-        # memory speed, which inflates the busbw of MiB-sized messages (4 ms at 1gbit is 500 KB: +27 % measured
-        # on bf16 all_gather at 2 MiB).
+        # memory speed, which inflates the busbw of MiB-sized messages with a larger bucket (figures:
+        # benchmarks/results/2026-12-01_2core-vm_gloo.md).
         self.burst = burst or (f"{max(96 * 1024, int((self.rate_bps or 0) / 8 * 0.001))}b" if rate else None)
         self.prefix = prefix
         self.name = f"{prefix}-{os.getpid()}-{next(_instances)}"
@@ -265,8 +265,8 @@ class EmulatedCluster:
                 self._ip(n.netns, "link", "set", "lo", "up")
                 if self.rate is not None:
                     # A queue of 1 s at the rate: a collective puts whole MiB-sized buffers on the link at once (two
-                    # inter-node groups share a node's link); with 100 ms (2.5 MB at 200mbit) TCP overflowed it and
-                    # 16 MiB all_gathers ran 23 % below the rate, unlike smaller sizes and the ring's chunked sends.
+                    # inter-node groups share a node's link), and a shorter queue overflowed and ran large
+                    # all_gathers below the rate (figures: benchmarks/results/2026-12-01_2core-vm_gloo.md).
                     for ns, dev in ((n.netns, n.ifname), (self.hub, n.bridge_port)):
                         _sh(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
                              "rate", self.rate, "burst", str(self.burst), "latency", QUEUE_LATENCY])  # fmt: skip

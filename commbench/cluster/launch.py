@@ -27,6 +27,8 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from commbench.cluster.dist_ops import all_gather_tensor
+
 
 @dataclass(frozen=True, slots=True)
 class WorldInfo:
@@ -259,6 +261,25 @@ def agree_devices(store: Any, info: WorldInfo, requested: str, host: str, uuids:
     return plan[info.rank]
 
 
+def on_cuda(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA GPU: the one device question the layers above this module ask."""
+    return device.type == "cuda"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a GPU's current stream); nothing to wait for on CPU."""
+    if on_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def device_ids(device: torch.device) -> list[int] | None:
+    """What torch's ``device_ids`` arguments (``dist.barrier``, DDP) want for ``device``: ``[its index]`` on a GPU
+    (the current device when it has none), None on CPU."""
+    if not on_cuda(device):
+        return None
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
 @dataclass(frozen=True, slots=True)
 class Dist:
     """An initialised world as the rest of commbench sees it."""
@@ -283,15 +304,16 @@ class Dist:
     def nodes(self) -> int:
         return len(set(self.hosts))
 
+    @property
+    def device_kind(self) -> str:
+        """``cuda`` or ``cpu`` (metadata's ``device``)."""
+        return str(self.device.type)
+
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
 
     def barrier(self) -> None:
-        if self.device.type == "cuda":
-            dist.barrier(device_ids=[self.device.index])
-        else:
-            dist.barrier()
+        dist.barrier(device_ids=device_ids(self.device))
 
     def agree_max(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
@@ -302,8 +324,6 @@ class Dist:
         """Every rank's list of floats (same length on every rank), in rank order, on every rank."""
         t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
         out = torch.empty(self.world_size * len(values), dtype=torch.float64, device=self.device)
-        from commbench.measure.collectives import all_gather_tensor
-
         all_gather_tensor(out, t)
         return out.view(self.world_size, len(values)).cpu().tolist()
 
@@ -312,24 +332,6 @@ class Dist:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, value)
         return out
-
-    def sample_timer(self, kind: str) -> Any:
-        """The timing core's sample timer for ``timing.device_timer`` ``kind``: None for ``host`` (the host clock
-        around k ops and one synchronize, nccl-tests' BenchTime), CUDA events on the current stream for
-        ``events`` (:func:`commbench.measure.timing.event_timer`); ValueError, one line, for ``events`` off CUDA."""
-        from commbench.core.suite import DEVICE_TIMERS
-        from commbench.measure.timing import event_timer
-
-        if kind not in DEVICE_TIMERS:
-            raise ValueError(f"unknown device timer {kind!r}; valid choices: {', '.join(DEVICE_TIMERS)}")
-        if kind == "host":
-            return None
-        if self.device.type != "cuda":
-            raise ValueError(
-                f"--device-timer events needs CUDA devices: this run is on {self.device.type} "
-                f"(backend {self.backend}); use --device-timer host"
-            )
-        return event_timer(lambda: torch.cuda.Event(enable_timing=True))
 
     def device_name(self) -> str:
         if self.device.type == "cuda":
@@ -575,10 +577,9 @@ def core_blocks(cores: Sequence[int], nproc: int) -> list[set[int]] | None:
     when there are fewer cores than ranks: oversubscribed ranks are left to the scheduler.
 
     Why bind at all: left to the scheduler, two loopback ranks sometimes share a core (they ping-pong, and the
-    scheduler pulls a woken task next to its waker), and a shared core copies the message within its own cache:
-    gloo's 2-rank fp32 all_reduce of 1 MiB took 0.77-1.33 ms with both ranks on one core and 2.0-2.2 ms on two,
-    8 B 93-168 us against 132-153 us (this project's 2-core VM, 5 rounds each). Unbound, a run lands anywhere
-    between, so two identical runs disagree; bound, a rank owns its core, as under ``mpirun --bind-to core``."""
+    scheduler pulls a woken task next to its waker), and a shared core copies the message within its own cache,
+    faster than two cores would (figures: benchmarks/results/2026-12-01_2core-vm_gloo.md). Unbound, a run lands
+    anywhere between, so two identical runs disagree; bound, a rank owns its core, as under ``mpirun --bind-to core``."""
     if nproc < 1 or len(cores) < nproc:
         return None
     per = len(cores) // nproc

@@ -1,8 +1,9 @@
 """Run metadata (``metadata.json``): one builder for a measured run and for an imported one.
 
 Every run directory states what produced its numbers (DESIGN: hardware, versions, world layout, suite and
-date). :func:`build_metadata` owns the keys every run directory has; :func:`run_metadata` fills them from a
-live world, ``commbench.store.nccl_import`` from an nccl-tests log. The schema version is ``results.SCHEMA_VERSION``.
+date). :func:`build_metadata` owns the keys every run directory has; ``commbench.cli.orchestrate.run_metadata``
+fills them from a live world, ``commbench.store.nccl_import`` from an nccl-tests log. The schema version is
+``commbench.core.records.SCHEMA_VERSION``.
 
 Every node reports itself (``node_facts``: host name, NICs and their speeds, the communication environment
 (:data:`ENV_FAMILIES`), CPU and GPU models, the NVIDIA driver, ``nvidia-smi topo -m`` where nvidia-smi exists) and
@@ -23,10 +24,9 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from commbench.core.suite import SuiteConfig
+from commbench.core.records import COMMBENCH_VERSION, SCHEMA_VERSION
 
 
 def git_commit() -> str | None:
@@ -62,12 +62,9 @@ def build_metadata(
 ) -> dict[str, Any]:
     """The metadata of a run directory: the keys every run has (the schema and commbench versions, the
     Python and platform this process runs on, plus the arguments), then ``extra`` (source-specific keys)."""
-    from commbench import __version__
-    from commbench.store.results import SCHEMA_VERSION
-
     meta: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "commbench_version": __version__,
+        "commbench_version": COMMBENCH_VERSION,
         "git_commit": git_commit,
         "start_time": start_time,
         "end_time": end_time,
@@ -90,90 +87,6 @@ def build_metadata(
     }
     meta.update(extra or {})
     return meta
-
-
-def fp8_codec(device: Any) -> str:
-    """The fp8 codec this process runs on ``device`` (``commbench.measure.fp8.codec_info``)."""
-    from commbench.measure.fp8 import codec_info
-
-    return codec_info(device)
-
-
-def agree_fp8_codec(d: Any) -> str:
-    """Every rank's fp8 codec (a collective call: every rank calls it); raises ValueError, one line naming the
-    ranks, when they differ: the ranks would encode and decode at different speeds, so the timings would mix
-    two codecs without saying so."""
-    import torch.distributed as dist
-
-    mine = fp8_codec(d.device)
-    every: list[Any] = [None] * d.world_size
-    dist.all_gather_object(every, mine)
-    if len(set(every)) > 1:
-        groups: dict[str, list[int]] = {}
-        for r, c in enumerate(every):
-            groups.setdefault(str(c), []).append(r)
-        said = "; ".join(f"rank(s) {','.join(map(str, rs))}: {c}" for c, rs in groups.items())
-        raise ValueError(
-            f"ranks disagree on the fp8 codec ({said}); install the same C compiler on every node or set "
-            "COMMBENCH_FP8_KERNEL=0 everywhere"
-        )
-    return mine
-
-
-def run_metadata(
-    suite: SuiteConfig,
-    d: Any,
-    argv: list[str],
-    start: str,
-    nodes: list[dict[str, Any]] | None = None,
-    *,
-    collective_timeout_s: float | None = None,
-) -> dict[str, Any]:
-    """Metadata of a run measured now on the world ``d`` (a ``launch.Dist``), from rank 0; ``nodes``: what
-    :func:`gather_nodes` returned; ``collective_timeout_s``: the ``--timeout`` given (None: torch's own)."""
-    import torch
-
-    from commbench.cluster import nvml
-    from commbench.cluster.launch import DEFAULT_COLLECTIVE_TIMEOUT_S
-
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
-        except Exception:
-            nccl = None
-    spec = suite.to_dict()
-    return build_metadata(
-        start_time=start,
-        end_time=None,
-        host=d.host,
-        hosts=sorted(set(d.hosts)),
-        device_name=d.device_name(),
-        backend=d.backend,
-        world_size=d.world_size,
-        nodes=d.nodes,
-        nproc_per_node=d.info.local_world_size,
-        threads_per_rank=d.threads,
-        launcher=d.info.launcher,
-        torch_version=torch.__version__,
-        nccl_version=nccl,
-        suite=spec,
-        timing=spec["timing"],
-        argv=argv,
-        git_commit=git_commit(),
-        extra={
-            "fp8_codec": fp8_codec(d.device),
-            "device": str(d.device.type),
-            "gloo_available": torch.distributed.is_gloo_available(),
-            "cpu_count": os.cpu_count(),
-            "cuda_version": torch.version.cuda,
-            "driver_version": nvml.driver_version(),
-            "collective_timeout_s": DEFAULT_COLLECTIVE_TIMEOUT_S
-            if collective_timeout_s is None
-            else collective_timeout_s,
-            "node_reports": nodes or [],
-        },
-    )
 
 
 ENV_FAMILIES = (

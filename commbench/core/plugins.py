@@ -3,7 +3,8 @@
 A registry (collectives, precisions and codecs, group kinds, training policies, figures, suite tables) never imports
 its implementations: it asks :func:`load` first, which imports, once per process,
 
-1. the built-in plugin modules (:data:`BUILTINS`, by name: they register what commbench ships),
+1. the built-in plugin modules (:data:`KINDS`, by name: they register what commbench ships; a registry loads those
+   of its own kind, so listing the precisions imports neither the training models nor the figures),
 2. every entry point of the group ``commbench.plugins`` of the installed distributions (a module, registering at
    import, or a callable taking no argument), and
 3. the modules named by ``--plugin MODULE`` or by ``COMMBENCH_PLUGINS`` (comma-separated), which the CLI sets so that
@@ -22,18 +23,22 @@ from dataclasses import dataclass
 ENTRY_POINT_GROUP = "commbench.plugins"
 ENV = "COMMBENCH_PLUGINS"
 
-BUILTINS: tuple[str, ...] = (
-    "commbench.measure.collectives",
-    "commbench.measure.groups",
-    "commbench.measure.precision",
-    "commbench.measure.fp8_ops",
-    "commbench.measure.raw_codec",
-    "commbench.training.models",
-    "commbench.training.policies",
-    "commbench.training.config",
-    "commbench.views.plots",
-)
-"""Modules that register what commbench ships, in an order where each finds what it builds on."""
+KINDS: dict[str, tuple[str, ...]] = {
+    "collective": ("commbench.measure.collectives",),
+    "chunked algorithm": ("commbench.measure.chunked",),
+    "group": ("commbench.measure.groups",),
+    "precision": ("commbench.measure.precision", "commbench.measure.fp8_ops", "commbench.measure.raw_codec"),
+    "codec": ("commbench.measure.fp8_ops", "commbench.measure.raw_codec"),
+    "model": ("commbench.training.models",),
+    "policy": ("commbench.training.policies",),
+    "suite table": ("commbench.training.config",),
+    "figure": ("commbench.views.plots",),
+}
+"""The built-in plugin modules of each registry kind, in an order where each finds what it builds on (a codec
+module registers sweep precisions too, so it fills both kinds)."""
+
+BUILTINS: tuple[str, ...] = tuple(dict.fromkeys(m for modules in KINDS.values() for m in modules))
+"""Every built-in plugin module, once (what ``load()`` with no kind imports)."""
 
 
 class PluginError(ValueError):
@@ -51,16 +56,25 @@ class Loaded:
 
 _LOADED: list[Loaded] = []
 _DONE: set[str] = set()
-_state = {"builtins": False, "external": False, "busy": False}
+_IMPORTING: set[str] = set()
+_state = {"external": False, "busy": False}
 
 
 def _import(module: str, source: str) -> None:
-    if module in _DONE:
+    """Import ``module`` once. A built-in's failure propagates as it is (a bug of commbench wants its traceback);
+    an external plugin's is a :class:`PluginError`. A module already being imported (a plugin whose import looks
+    a registry up) is left to finish."""
+    if module in _DONE or module in _IMPORTING:
         return
+    _IMPORTING.add(module)
     try:
         importlib.import_module(module)
     except Exception as e:  # any failure of a user's module is reported as one line
+        if source == "builtin":
+            raise
         raise PluginError(f"cannot load plugin {module!r} ({source}): {type(e).__name__}: {e}") from None
+    finally:
+        _IMPORTING.discard(module)
     _DONE.add(module)
     _LOADED.append(Loaded(source, module))
 
@@ -103,25 +117,23 @@ def _entry_points() -> None:
         _LOADED.append(Loaded(f"entry point {dist}", key))
 
 
-def load(*, builtins: bool = True) -> list[Loaded]:
-    """Load the plugins (idempotent; re-entrant calls made while a plugin imports return at once). With
-    ``builtins=False`` only the external plugins (entry points, ``--plugin``): for views, whose built-in figures are
-    already imported and which must not pull in torch through the measurement built-ins."""
-    if _state["busy"]:
-        return list(_LOADED)
-    _state["busy"] = True
-    try:
-        if builtins and not _state["builtins"]:
-            for m in BUILTINS:
-                _import(m, "builtin")
-            _state["builtins"] = True
-        if not _state["external"]:
+def load(*, builtins: bool = True, kind: str | None = None) -> list[Loaded]:
+    """Load the plugins, each module once per process (idempotent): the built-ins of registry ``kind`` (all of
+    them when None; none with ``builtins=False``: for views, which must not pull in torch through the measurement
+    built-ins), then, on the first call, every external plugin (entry points, then ``--plugin`` modules). A call
+    made while the external plugins load (a plugin's import looking a registry up) loads built-ins only."""
+    if builtins:
+        for m in BUILTINS if kind is None else KINDS.get(kind, ()):
+            _import(m, "builtin")
+    if not _state["external"] and not _state["busy"]:
+        _state["busy"] = True
+        try:
             _entry_points()
             for m in requested():
                 _import(m, "--plugin")
             _state["external"] = True
-    finally:
-        _state["busy"] = False
+        finally:
+            _state["busy"] = False
     return list(_LOADED)
 
 

@@ -25,6 +25,13 @@ from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin
 
 R = TypeVar("R", bound="Record")
 
+SCHEMA_VERSION = 2
+"""The run directory's schema (``metadata.json``'s ``schema_version``). 2: every table also as parquet, dtypes
+from the records; version 1 directories load unchanged."""
+
+COMMBENCH_VERSION = "0.1.0"
+"""The version of commbench that writes a run directory (``commbench_version``; ``commbench.__version__``)."""
+
 NAN = math.nan
 """Default of a float column a source may not have (an imported nccl-tests log has no interval)."""
 

@@ -6,10 +6,12 @@ optionally training steps (``[training]``). Sizes are nccl-tests size strings (:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from commbench.core.registry import Registry, lookup
 from commbench.core.settings import check_settings, count, positive, setting
 from commbench.core.units import parse_size, size_grid
 
@@ -18,8 +20,19 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli (a dependency there)
     import tomli as tomllib  # type: ignore[no-redef]
 
-if TYPE_CHECKING:
-    from commbench.training.config import TrainingConfig
+
+class SuiteTable(Protocol):
+    """A validated table of a suite file other than ``[timing]`` (``[training]``: ``training.config.TrainingConfig``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table with every default filled in (what metadata records)."""
+        ...
+
+
+SUITE_TABLES: Registry[Callable[[Mapping[str, Any]], SuiteTable]] = Registry("suite table")
+"""Suite-file tables by key -> the parser of the raw table, which raises ValueError (one line) on bad input. The
+suite knows no table's implementation: ``commbench.training.config`` registers ``training``, a plugin its own
+(kept in :attr:`SuiteConfig.tables`)."""
 
 PAYLOADS = ("normal", "gradient", "outliers")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -37,12 +50,12 @@ class TimingConfig:
 
     warmup: int = count(2, "untimed calls per phase before calibration (first-call costs: allocations, connections)")
     # Only for ops so fast that 20 of them last under 1 ms (GPU small messages), so barrier skew and the clock stay
-    # under ~1 % of a sample. It is not longer: per-op time grows with the length of the stream (gloo 8 B
-    # all_reduce, 2 ranks: k=40 +4..17 % over k=20), and at 10 ms the CLI timed 30-50 ops at 8 B where
-    # nccl-tests and a hand-written loop time 20 (1.12x the time, issue 9 fidelity).
+    # under ~1 % of a sample. It is not longer: per-op time grows with the length of the stream, so a longer
+    # sample would time more ops than nccl-tests' loop of 20 and print a longer time
+    # (figures: benchmarks/results/2026-12-01_2core-vm_gloo.md).
     min_time_s: float = positive(0.001, "seconds a sample of k back-to-back ops lasts at least (k grows until it does)")
-    # The first op after the barrier that starts a sample runs faster than ops in a steady stream (gloo, 1 MiB
-    # all_reduce: ~0.6-0.7x), so samples of one or a few ops print more bandwidth than back-to-back collectives get.
+    # The first op after the barrier that starts a sample runs faster than ops in a steady stream, so samples of
+    # one or a few ops print more bandwidth than back-to-back collectives get (figures: the results file above).
     min_iters: int = count(20, "smallest k: at least 20 back-to-back ops per sample, as nccl-tests' loop times")
     repeats: int = count(6, "minimum samples (rounds) per point; 6 is the fewest whose median's interval reaches 95 %")
     max_samples: int = count(60, "rounds after which a size stops sampling, target reached or not (>= repeats)")
@@ -52,8 +65,8 @@ class TimingConfig:
     budget_s: float = positive(4.0, "seconds of sampling per size (all its precisions together) before giving up")
     max_iters: int = count(1000, "largest k (>= min_iters)")
     # What a training step issues is not a stream: one collective per bucket, after milliseconds of compute, each
-    # rank arriving when its backward gets there (gloo, 2 ranks, 1 MiB all_reduce after 20 ms of compute: median
-    # 1.35-1.54x a streamed op's time, 10th-90th percentiles 1.8-8.2 ms; benchmarks/bench_isolated_calls.py).
+    # rank arriving when its backward gets there, and such an op does not take a streamed op's time
+    # (benchmarks/bench_isolated_calls.py; figures: benchmarks/results/2026-12-01_2core-vm_gloo.md).
     mode: str = setting(
         "stream", "what a sample times: 'stream' (k back-to-back ops after a barrier, nccl-tests' loop) or 'isolated' "
         "(one op after gap_s of compute on every rank; per sample the fastest rank's duration: the one that waited "
@@ -67,7 +80,7 @@ class TimingConfig:
     )  # fmt: skip
     # A shared machine drifts over seconds to minutes: sampled in one stretch, a point caught in a slow spell is
     # slow in every round and its interval (of the samples it has) does not show it, so two identical runs
-    # "differ" there (issue 9: one A/A pair flagged 10 of 77 ratios, a whole block of one run slower).
+    # "differ" there (an A/A pair before passes: benchmarks/results/2026-12-01_2core-vm_gloo.md).
     passes: int = count(
         3, "visits of the whole grid: each point samples its share of rounds and budget in every pass, so a slow "
         "spell lands on part of every point's rounds (1: each point in one stretch, its rows printed as it ends)"
@@ -101,30 +114,29 @@ class SuiteConfig:
     """Communicator groups to run every point in (``world``, ``intra``: one per node, ``inter``: one per
     local-rank index across nodes; like nccl-tests' NCCL_TESTS_SPLIT). See ``commbench.measure.groups``."""
     timing: TimingConfig = field(default_factory=TimingConfig)
-    training: TrainingConfig | None = None
-    """Optional ``[training]`` table (DDP/FSDP steps), validated at load (commbench.training.config)."""
+    training: SuiteTable | None = None
+    """Optional ``[training]`` table (DDP/FSDP steps): a ``commbench.training.config.TrainingConfig``, validated at
+    load by the parser :data:`SUITE_TABLES` has for it (the suite sits below training: the run driver coerces it)."""
+    tables: dict[str, SuiteTable] = field(default_factory=dict)
+    """The other registered tables of the suite file (a plugin's), validated at load; not in :meth:`to_dict`
+    when empty, so metadata.json has the keys it always had."""
 
     def __post_init__(self) -> None:
-        from commbench.measure.collectives import get_collective
-        from commbench.measure.precision import get_precision
-
         if not self.collectives and self.training is None:
             raise ValueError("suite lists no collectives (and no [training] section)")
         for c in self.collectives:
-            get_collective(c)
+            lookup("collective", c)
         for p in self.precisions:
-            get_precision(p)
+            lookup("precision", p)
         if self.collectives and not self.precisions:
             raise ValueError("suite lists collectives but no precisions")
         if self.payload not in PAYLOADS:
             raise ValueError(f"unknown payload {self.payload!r}; valid choices: {', '.join(PAYLOADS)}")
         size_grid(self.min_bytes, self.max_bytes, self.factor)
-        from commbench.measure.groups import get_group_kind
-
         if not self.groups:
             raise ValueError("suite lists no groups (e.g. groups = [\"world\"])")
         for g in self.groups:
-            get_group_kind(g)
+            lookup("group", g)
         if len(set(self.groups)) != len(self.groups):
             raise ValueError("suite lists a group twice")
         if len(set(self.collectives)) != len(self.collectives) or len(set(self.precisions)) != len(self.precisions):
@@ -134,7 +146,13 @@ class SuiteConfig:
         return size_grid(self.min_bytes, self.max_bytes, self.factor)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.training is not None:
+            d["training"] = self.training.to_dict()
+        d.pop("tables")
+        if self.tables:
+            d["tables"] = {key: table.to_dict() for key, table in self.tables.items()}
+        return d
 
     def with_overrides(self, **kw: Any) -> SuiteConfig:
         """A copy with the given fields replaced (CLI flags override the suite file), re-validated."""
@@ -145,7 +163,8 @@ class SuiteConfig:
         return out
 
 
-_SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "timing", "training"}
+_SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "timing"}
+"""The suite's own keys; the tables of :data:`SUITE_TABLES` (``training``) join them."""
 _TIMING_KEYS = {
     "warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters", "passes", "mode",
     "gap_s", "device_timer",
@@ -162,9 +181,11 @@ def _as_list(key: str, value: Any) -> list[str]:
 
 def suite_from_dict(data: dict[str, Any], *, name: str = "custom") -> SuiteConfig:
     """Validate a parsed suite table (TOML layout: top-level keys plus ``[timing]`` and ``[training]``)."""
-    unknown = set(data) - _SUITE_KEYS
+    tables = [key for key in data if key not in _SUITE_KEYS]
+    unknown = sorted(key for key in tables if key not in SUITE_TABLES)
     if unknown:
-        raise ValueError(f"unknown suite key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(_SUITE_KEYS))}")
+        valid = sorted(_SUITE_KEYS | set(SUITE_TABLES.names()))
+        raise ValueError(f"unknown suite key(s) {', '.join(unknown)}; valid keys: {', '.join(valid)}")
     kw: dict[str, Any] = {"name": str(data.get("name", name))}
     for key in ("collectives", "precisions"):
         if key in data:
@@ -191,14 +212,16 @@ def suite_from_dict(data: dict[str, Any], *, name: str = "custom") -> SuiteConfi
         kw["timing"] = TimingConfig(**timing)
     except TypeError as e:
         raise ValueError(f"bad [timing] table: {e}") from None
-    if "training" in data:
-        if not isinstance(data["training"], dict):
-            raise ValueError("suite key 'training' must be a table")
-        from commbench.training.config import TrainingConfig
-
-        kw["training"] = TrainingConfig.from_dict(data["training"])
+    parsed: dict[str, SuiteTable] = {}
+    for key in tables:
+        if not isinstance(data[key], dict):
+            raise ValueError(f"suite key {key!r} must be a table")
+        parsed[key] = SUITE_TABLES.get(key)(data[key])
+    if "training" in parsed:
+        kw["training"] = parsed.pop("training")
         if "collectives" not in data:
             kw["collectives"] = []
+    kw["tables"] = parsed
     return SuiteConfig(**kw)
 
 

@@ -8,6 +8,7 @@ the reported ``size_bytes`` is what crossed the wire.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
@@ -56,7 +57,6 @@ def size_grid(min_bytes: int, max_bytes: int, factor: int = 2, step: int = 0) ->
     return sizes
 
 
-
 def int_ranges(xs: Iterable[int], sep: str = ",") -> str:
     """Runs of consecutive integers: ``0-3,8`` for {0, 1, 2, 3, 8} (the cpulist form of taskset and /sys)."""
     runs: list[list[int]] = []
@@ -66,3 +66,42 @@ def int_ranges(xs: Iterable[int], sep: str = ",") -> str:
         else:
             runs.append([x, x])
     return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def human_bytes(n: float) -> str:
+    """Bytes for a person: 1024-based with IEC names, 3 significant digits (65536 -> '64 KiB', 1.5e6 -> '1.43 MiB')."""
+    if n is None or not math.isfinite(n):
+        return ""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{_sig(n / scale)} {unit}"
+    return f"{n:.0f} B"
+
+
+def human_time(us: float) -> str:
+    """Microseconds for a person: '453 µs', '14.7 ms', '1.20 s' (3 significant digits)."""
+    if us is None or not math.isfinite(us):
+        return ""
+    if abs(us) >= 1e6:
+        return f"{_sig(us / 1e6)} s"
+    if abs(us) >= 1e3:
+        return f"{_sig(us / 1e3)} ms"
+    return f"{_sig(us)} µs"
+
+
+def human_rate(gbps: float) -> str:
+    """A bandwidth in GB/s (1e9 bytes/s, as nccl-tests) for a person: MB/s below 1 GB/s, 3 significant digits."""
+    if gbps is None or not math.isfinite(gbps):
+        return ""
+    if abs(gbps) < 1.0:
+        return f"{_sig(gbps * 1e3)} MB/s"
+    return f"{_sig(gbps)} GB/s"
+
+
+def _sig(v: float) -> str:
+    """3 significant digits without exponent for the magnitudes the human_* helpers produce (up to 1023)."""
+    if v == 0:
+        return "0"
+    digits = max(0, 2 - math.floor(math.log10(abs(v))))
+    text = f"{v:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text

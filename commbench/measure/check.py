@@ -4,7 +4,7 @@ reference, the ``wrong`` count (nccl-tests ``-c``) and the error of the decoded 
 Each rank regenerates its peers' inputs from their seeds, so the reference needs no communication and does not
 trust the backend under test (up to ``LOCAL_REFERENCE_MAX_RANKS``).
 
-Memory (issue 22): no full-size copy of an input is made to build a reference. Every rank's input is made in
+Memory: no full-size copy of an input is made to build a reference. Every rank's input is made in
 blocks (:func:`payload_blocks`, :func:`exact_blocks`: the same values as :func:`payload` and
 :func:`exact_inputs`), each block added into the float64 expectation and dropped; the ops load this rank's input
 from one tensor per input dtype (:func:`load_inputs`); results are compared with the expectations slice by
@@ -604,20 +604,7 @@ def check_point(
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Memory: refuse a suite whose buffers cannot fit before the first point allocates them.
-
-
-def _largest_layouts(suite: SuiteConfig, n: int) -> list[tuple[int, Collective, Layout]]:
-    from commbench.measure.collectives import get_collective
-
-    out = []
-    for c in suite.collectives:
-        coll = get_collective(c)
-        for s in suite.sizes():
-            total = coll.round_total(s // 4, n)
-            if total >= n:
-                out.append((s, coll, coll.layout(total, n)))
-    return out
+# Memory of the references (``commbench.measure.footprint`` adds the ops' and refuses a suite that cannot fit).
 
 
 def check_bytes(coll: Collective, layout: Layout, n: int, dtypes: int, check: bool) -> int:
@@ -636,79 +623,3 @@ def check_bytes(coll: Collective, layout: Layout, n: int, dtypes: int, check: bo
     correctness = max(2 * o + temps, load) if check else 0
     error = max(2 * o + temps, load) if dtypes else 0
     return 8 * max(error, correctness)
-
-
-def point_memory(suite: SuiteConfig, n: int, backend: str) -> list[tuple[int, int, int]]:
-    """(fp32 size, op bytes, check bytes) per rank at each size of the suite, worst collective; both live on
-    the rank's device (the host's memory on a CPU device).
-
-    Op bytes: the ops of every contender of the group (the suite's precisions the backend runs, and the
-    ``fp32_chunked`` the sweep adds for the algorithm/precision split: :func:`commbench.measure.sweep.contenders`),
-    alive at once (the timing keeps all precisions of one size interleaved). Check bytes: the references of
-    the correctness and error passes, made once per group (:func:`check_bytes`)."""
-    from commbench.measure.sweep import contenders
-
-    per_size: dict[int, tuple[int, int]] = {}
-    for size, coll, layout in _largest_layouts(suite, n):
-        precs = contenders(suite.precisions, coll, backend)
-        dev = sum(p.buffer_bytes(coll, layout, n) for p in precs)
-        dtypes = len({p.input_dtype_name for p in precs})
-        chk = check_bytes(coll, layout, n, dtypes, suite.check) if precs else 0
-        d0, h0 = per_size.get(size, (0, 0))
-        per_size[size] = (max(d0, dev), max(h0, chk))
-    return [(s, d, h) for s, (d, h) in sorted(per_size.items())]
-
-
-def _gb(b: float) -> str:
-    return f"{b / 1e9:.1f} GB"
-
-
-def host_available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (what the kernel can hand out without swapping), else None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def memory_problem(
-    suite: SuiteConfig,
-    n: int,
-    backend: str,
-    local_ranks: int,
-    on_gpu: bool,
-    host_free: int | None,
-    device_free: int | None,
-) -> str | None:
-    """One line saying why the suite's largest sizes cannot fit, naming the largest size that does; None
-    when everything fits (or nothing is known about free memory)."""
-    from commbench.core.units import format_size
-
-    rows = point_memory(suite, n, backend)
-    if not rows:
-        return None
-
-    def fits(ops: int, refs: int) -> tuple[bool, str]:
-        # ops and references live on the rank's device: a GPU's memory, or the host's for CPU ranks
-        need = ops + refs
-        host_total = 0 if on_gpu else local_ranks * need
-        if host_free is not None and host_total > host_free:
-            return (
-                False,
-                f"{local_ranks} rank(s) on this host need about {_gb(host_total)} of host memory, {_gb(host_free)} available",
-            )
-        if on_gpu and device_free is not None and need > device_free:
-            return False, f"each rank needs about {_gb(need)} of device memory, {_gb(device_free)} free"
-        return True, ""
-
-    ok_sizes = [s for s, dv, h in rows if fits(dv, h)[0]]
-    size, dev, host = rows[-1]
-    good, why = fits(dev, host)
-    if good:
-        return None
-    hint = f"use -e {format_size(max(ok_sizes))} or less" if ok_sizes else "no size of this suite fits"
-    return f"-e {format_size(size)} cannot fit: at that size {why}; {hint}"

@@ -33,11 +33,12 @@ import torch
 import torch.distributed as dist
 
 from commbench.measure.codec import Codec
-from commbench.measure.collectives import COLLECTIVES, Collective
+from commbench.measure.collectives import CHUNKED_ALGORITHMS, AllGather, AllToAll, Collective
 from commbench.measure.precision import ReceivedChunk
 
-_ALL_TO_ALL = COLLECTIVES["all_to_all"]
-_ALL_GATHER = COLLECTIVES["all_gather"]
+# The primitives every variant is built of (the algorithm's own, whatever else is registered under their names).
+_ALL_TO_ALL = AllToAll()
+_ALL_GATHER = AllGather()
 
 
 class ChunkWire:
@@ -261,7 +262,7 @@ class ChunkedAllReduce(ChunkedReduceScatter):
         self.x.zero_()  # the pad tail stays zero: load() writes only the first `total` elements
         self.acc = self.y  # the owned chunk's fp32 sum
         # Gloo's all_gather_into_tensor is several times slower than its all_to_all_single for the same bytes
-        # (measured here: 4 MiB out, 2 ranks: 7 ms vs 2.5 ms), so by default on gloo the gather stage is an
+        # (figures: benchmarks/results/2026-12-01_2core-vm_gloo.md), so by default on gloo the gather stage is an
         # all_to_all of the owned chunk copied into every slot: same bytes received, (n-1) local copies more.
         if gather_by_all_to_all is None:
             gather_by_all_to_all = dist.get_backend(group) == "gloo"
@@ -312,3 +313,8 @@ class ChunkedAllReduce(ChunkedReduceScatter):
 
     def result(self) -> torch.Tensor:
         return self.out[: self.total]
+
+
+# What the collectives name as their chunked variant (``Collective.chunked_variant``).
+for _algorithm in (ChunkedAllGather, ChunkedAllToAll, ChunkedReduceScatter, ChunkedAllReduce):
+    CHUNKED_ALGORITHMS.register(_algorithm.__name__, _algorithm)

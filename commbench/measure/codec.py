@@ -4,9 +4,11 @@ A codec knows nothing about communication. The chunked algorithm (:mod:`commbenc
 encodes, for the sweep's precisions and for the DDP hook alike. Names may carry an option after a colon
 (``fp8_e4m3:block128``); the registry maps the base name to a factory, like the precision registry.
 
-Adding a codec: subclass :class:`Codec`, call :func:`register_codec` with a factory. That also registers a
-sweep precision of the same name (``impl`` says how the bytes move in the results' ``implementation``
-column), and :func:`commbench.training.hooks.codec_hook` accepts the name at once.
+Adding a codec: subclass :class:`Codec`, call :func:`register_codec` with a factory, in a module the plugin loader
+imports (a built-in, an entry point of ``commbench.plugins`` or ``--plugin MODULE``). That also registers a sweep
+precision of the same name (``impl`` says how the bytes move in the results' ``implementation`` column), and
+:func:`commbench.training.hooks.codec_hook` accepts the name at once: both ask :data:`CODECS` / the precision
+registry, which load the plugins before a lookup.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from commbench.core.registry import OptionRegistry
 from commbench.measure.collectives import Collective, Layout
-from commbench.measure.precision import PointOp, Precision, register_precision, resolve
+from commbench.measure.precision import PRECISIONS, PointOp, Precision
 
 if TYPE_CHECKING:  # torch is imported where tensors are handled: the registry itself is torch-free
     import torch
@@ -114,7 +117,8 @@ class Codec(ABC):
 CodecFactory = Callable[[str | None], Codec]
 """Builds a codec from the option after the colon (``None`` when the name has none)."""
 
-_REGISTRY: dict[str, CodecFactory] = {}
+CODECS: OptionRegistry[Codec] = OptionRegistry("codec")
+"""The codecs by base name (each also a sweep precision of the same name)."""
 
 
 class CodecPrecision(Precision):
@@ -159,32 +163,27 @@ class CodecPrecision(Precision):
         return self.codec.check_tolerance(torch.as_tensor(abs_sum), contributions, collective.chunked_encodings)
 
 
-def register_codec(base: str, factory: CodecFactory, options_help: str = "", impl: str = "codec_bytes") -> None:
+def register_codec(
+    base: str, factory: CodecFactory, options_help: str = "", impl: str = "codec_bytes", *, replace: bool = False
+) -> None:
     """Register a codec family under ``base``, and the sweep precision of the same name.
 
-    ``impl`` is the precision's ``implementation`` column; ``options_help`` documents ``:option`` values.
+    ``impl`` is the precision's ``implementation`` column; ``options_help`` documents ``:option`` values. A taken
+    name (codec or precision) is an error unless ``replace``.
     """
-    _REGISTRY[base] = factory
 
     def precision(option: str | None) -> Precision:
         return CodecPrecision(factory(option), impl)
 
-    register_precision(base, precision, options_help)
+    PRECISIONS.register_family(base, precision, options_help, replace=replace)  # first: it holds every name
+    CODECS.register_family(base, factory, options_help, replace=replace)
 
 
 def codec_names() -> list[str]:
     """Registered codec base names."""
-    _load_plugins()
-    return list(_REGISTRY)
+    return CODECS.names()
 
 
 def get_codec(name: str) -> Codec:
     """Resolve ``base[:option]`` to a codec, or raise ``ValueError`` naming the valid choices."""
-    _load_plugins()
-    return resolve("codec", name, _REGISTRY)
-
-
-def _load_plugins() -> None:
-    # The fp8 codecs register on import of fp8_ops (which also registers the native fp8 precisions).
-    import commbench.measure.fp8_ops  # noqa: F401
-    import commbench.measure.raw_codec  # noqa: F401
+    return CODECS.get(name)

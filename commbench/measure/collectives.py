@@ -14,35 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from commbench.cluster.dist_ops import ALL_GATHER_OPS, dist_op
+from commbench.core.registry import Registry
+
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
-
-    from commbench.measure.codec import Codec
-    from commbench.measure.precision import PointOp
 
 # torch is imported by the methods that run tensors, never at module level: `commbench list` and the
 # importer's bus factors read this registry without paying for torch.
 
 
-# torch >= 2.10 renamed the tensor-in/tensor-out collectives (*_single) and deprecates the old names.
-# Looked up per call, not once, so a CommCounter (training/comm.py) installed later still sees the calls.
-def dist_op(*names: str) -> Callable[..., Any]:
-    """The first of ``names`` that torch.distributed has (newest name first)."""
-    import torch.distributed as dist
-
-    for name in names:
-        fn = getattr(dist, name, None)
-        if fn is not None:
-            return fn  # type: ignore[no-any-return]
-    raise AttributeError(f"torch.distributed has none of {names}")
-
-
-ALL_GATHER_OPS = ("all_gather_single", "all_gather_into_tensor")
-
-
-def all_gather_tensor(*args: Any, **kwargs: Any) -> Any:
-    return dist_op(*ALL_GATHER_OPS)(*args, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +70,10 @@ class Collective(ABC):
     count_per_rank: ClassVar[bool] = True
     """nccl-tests' ``count`` column is the per-rank share (``total / n``); all_reduce's is the whole buffer."""
     chunked_variant: ClassVar[str | None] = None
-    """Name of the class in :mod:`commbench.measure.chunked` that runs the chunked codec algorithm for this
-    collective (constructed as ``cls(codec, input elements, group, device)``); None: codecs cannot run it.
-    A name rather than the class because :mod:`commbench.measure.chunked` builds on torch and on this registry."""
+    """Name of the chunked codec algorithm that runs this collective, in :data:`CHUNKED_ALGORITHMS` (built as
+    ``algorithm(codec, input elements, group, device)``); None: codecs cannot run it. A name rather than the class
+    because the algorithms (:mod:`commbench.measure.chunked`) build on torch and on this registry, and register
+    themselves there."""
     chunked_encodings: ClassVar[int] = 1
     """How many times the chunked low-precision algorithm encodes a value on its way (the error bound's
     ``quantisations``): all_reduce re-encodes the partial sums, so 2."""
@@ -159,15 +142,13 @@ class Collective(ABC):
         """Whether the chunked codec algorithm (:mod:`commbench.measure.chunked`) implements this collective."""
         return self.chunked_variant is not None
 
-    def chunked_op(
-        self, codec: Codec, layout: Layout, group: dist.ProcessGroup | None, device: torch.device
-    ) -> PointOp:
-        """The chunked codec algorithm for this collective (encode per chunk, exchange, decode)."""
+    def chunked_op(self, codec: Any, layout: Layout, group: dist.ProcessGroup | None, device: torch.device) -> Any:
+        """The chunked codec algorithm for this collective (encode per chunk, exchange, decode): the
+        :class:`~commbench.measure.precision.PointOp` running ``codec`` (a :class:`~commbench.measure.codec.Codec`).
+        Both are typed loosely here because both modules build on this one."""
         if self.chunked_variant is None:
             raise ValueError(f"the chunked codec algorithm does not implement {self.name!r}")
-        from commbench.measure import chunked  # the algorithm builds on these collectives: imported at use
-
-        algorithm: Callable[..., PointOp] = getattr(chunked, self.chunked_variant)
+        algorithm = CHUNKED_ALGORITHMS[self.chunked_variant]
         return algorithm(codec, layout.input_numel, group, device)
 
 
@@ -259,17 +240,30 @@ class AllToAll(Collective):
         return torch.cat([x[rank * m : (rank + 1) * m] for x in inputs])
 
 
-COLLECTIVES: dict[str, Collective] = {}
+class CollectiveRegistry(Registry[Collective]):
+    """The collectives, kept in display order (:attr:`Collective.order`, then registration order)."""
+
+    def register(self, name: str, obj: Collective, *, replace: bool = False) -> Collective:
+        super().register(name, obj, replace=replace)
+        self._items = dict(sorted(self._items.items(), key=lambda kv: kv[1].order))
+        return obj
+
+
+COLLECTIVES = CollectiveRegistry("collective")
 """Registered collectives by name, in display order."""
 
+ChunkedAlgorithm = Callable[..., Any]
+"""Builds the chunked codec algorithm of a collective: ``(codec, input elements, group, device) -> PointOp``."""
 
-def register_collective(collective: Collective) -> Collective:
-    """Add ``collective`` to the registry (kept in ``order``); returns it so a module can keep a handle."""
-    COLLECTIVES[collective.name] = collective
-    ordered = sorted(COLLECTIVES.values(), key=lambda c: c.order)
-    COLLECTIVES.clear()
-    COLLECTIVES.update((c.name, c) for c in ordered)
-    return collective
+CHUNKED_ALGORITHMS: Registry[ChunkedAlgorithm] = Registry("chunked algorithm")
+"""The chunked codec algorithms by name (:attr:`Collective.chunked_variant`); the built-in ones register from
+:mod:`commbench.measure.chunked`, which the plugin loader imports at the first lookup."""
+
+
+def register_collective(collective: Collective, *, replace: bool = False) -> Collective:
+    """Add ``collective`` to the registry (kept in ``order``); returns it so a module can keep a handle. A taken
+    name is an error unless ``replace``."""
+    return COLLECTIVES.register(collective.name, collective, replace=replace)
 
 
 for _c in (AllReduce(), AllGather(), ReduceScatter(), AllToAll()):
@@ -277,7 +271,5 @@ for _c in (AllReduce(), AllGather(), ReduceScatter(), AllToAll()):
 
 
 def get_collective(name: str) -> Collective:
-    try:
-        return COLLECTIVES[name]
-    except KeyError:
-        raise ValueError(f"unknown collective {name!r}; valid choices: {', '.join(COLLECTIVES)}") from None
+    """The collective ``name``, or a ``ValueError`` naming the valid choices."""
+    return COLLECTIVES.get(name)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from commbench.core.records import crossover_phrase, is_missing
-from commbench.core.units import format_size
+from commbench.core.units import format_size, human_bytes
 from commbench.measure.table import LEGEND, block_title, columns_for, format_row, header_lines, terminal_width
 
 __all__ = [
@@ -162,8 +162,6 @@ def _ms(us: float) -> str:
 
 
 def _mib(b: float) -> str:
-    from commbench.views.rundata import human_bytes
-
     return "n/a" if math.isnan(b) else human_bytes(b)
 
 

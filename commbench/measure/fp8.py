@@ -34,13 +34,14 @@ A reduction of ``c`` contributions then errs by at most ``rel * abs_sum + c * fl
 ``rel * (abs_sum + e1) + floor'`` on top of the first-stage error ``e1``. With ``none`` scaling the floor uses
 scale 1 and saturated values are *not* covered: they count as wrong, which is the point of that mode.
 
-Speed: torch's CPU e4m3 -> float32 cast is about 20x slower than bf16's, and a scale multiply is one more pass
-over memory. When a C compiler is available, the codec builds a small C kernel (``commbench/kernels/fp8.c``, built by
-:mod:`commbench.measure.kernel`) on first use (``cc -O3
--march=native -fopenmp``, cached under ``$XDG_CACHE_HOME/commbench`` or ``~/.cache/commbench``, loaded with
-ctypes; OpenMP resolves to torch's own libgomp, and it uses ``torch.get_num_threads()`` threads above 256K
-elements). Encode is branch-free vectorised round-to-nearest-even (one float add rounds to the fp8 step, integer
-ops on the sum give the code) and reads the input once in the common case: tensor scaling encodes each chunk
+Speed: torch's CPU e4m3 -> float32 cast is many times slower than bf16's (figures:
+benchmarks/results/2026-12-01_2core-vm_gloo.md), and a scale multiply is one more pass over memory. When a C
+compiler is available, the codec builds a small C kernel (``commbench/measure/kernels/fp8.c``, built by
+:mod:`commbench.measure.kernel`) on first use (``cc -O3 -march=native -fopenmp``, cached under
+``$XDG_CACHE_HOME/commbench`` or ``~/.cache/commbench``, loaded with ctypes; OpenMP resolves to torch's own
+libgomp, and it uses ``torch.get_num_threads()`` threads above 256K elements). Encode is branch-free vectorised
+round-to-nearest-even (one float add rounds to the fp8 step, integer ops on the sum give the code) and reads the
+input once in the common case: tensor scaling encodes each chunk
 with the running amax's scale and redoes a chunk (from cache) only when it raises the scale, plus any earlier
 chunks at the end; block scaling encodes each block with the previous block's scale and redoes it only when the
 encoder's max |y| shows the block needs another one. Decode rebuilds the float32 bits arithmetically and
@@ -706,8 +707,7 @@ def codec_info(device: torch.device) -> str:
     on it."""
     if _kernel.available(device):
         return f"kernel ({_kernel.compiler or 'compiler unknown'})"
-    reason = _kernel.error if device.type == "cpu" else f"the C kernel is CPU-only, this is {device.type}"
-    return f"torch ({reason})"
+    return f"torch ({_kernel.unavailable_reason(device)})"
 
 
 def use_kernel(enabled: bool) -> None:

@@ -38,7 +38,14 @@ from typing import TYPE_CHECKING
 from commbench.measure import fp8
 from commbench.measure.codec import Codec, register_codec
 from commbench.measure.collectives import Collective, Layout
-from commbench.measure.precision import PointOp, Precision, ReceivedChunk, register_precision, split_received
+from commbench.measure.precision import (
+    PointOp,
+    Precision,
+    ReceivedChunk,
+    Unsupported,
+    register_precision,
+    split_received,
+)
 
 if TYPE_CHECKING:  # torch is imported where tensors are handled: registering the precisions needs none
     import torch
@@ -144,13 +151,9 @@ def _static_refusal(backend: str, device: torch.device | None = None) -> str | N
     try:
         if not torch.cuda.is_available():
             return "needs a CUDA device (none visible)"
-        dev = (
-            device
-            if device is not None and device.type == "cuda"
-            else torch.device("cuda", torch.cuda.current_device())
-        )
-        cc = torch.cuda.get_device_capability(dev)
-    except (RuntimeError, AssertionError, AttributeError) as e:
+        # torch says whether `device` is a CUDA device (ValueError otherwise): no device-type test of our own
+        cc = torch.cuda.get_device_capability(device if device is not None else torch.cuda.current_device())
+    except (RuntimeError, AssertionError, AttributeError, ValueError) as e:
         return f"cannot query the CUDA device ({type(e).__name__}: {e})".splitlines()[0]
     if cc < (9, 0):
         return f"needs compute capability >= 9.0 (sm90, Hopper), this GPU is {cc[0]}.{cc[1]}"
@@ -306,8 +309,6 @@ class Fp8NativePrecision(Precision):
             raise ValueError(f"{self.name} supports the reducing collectives only, not {collective.name!r}")
         refusal = _probe_native(self.format.dtype, group, device)
         if refusal is not None:
-            from commbench.measure.precision import Unsupported
-
             raise Unsupported(refusal)
         return _NativeOp(self, collective, layout, group, device)
 

@@ -3,8 +3,9 @@ per local-rank index across nodes.
 
 ``intra`` is what NVLink (or shared memory) carries on a GPU cluster, ``inter`` what the network carries. Every
 group of a kind runs its collectives at the same time (as nccl-tests' split communicators do), so ``inter``
-loads every node's links at once; bandwidth is reported per group. A kind is an object in a registry:
-adding one (e.g. one group per socket) is one class here.
+loads every node's links at once; bandwidth is reported per group. A kind is an object in the registry
+:data:`GROUP_KINDS`: adding one (e.g. one group per socket) is one class registered with :func:`register_group_kind`,
+here or in a plugin; the cost model and the planner ask its partition, never its name.
 """
 
 from __future__ import annotations
@@ -14,14 +15,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from commbench.core.registry import Registry
+
 
 class GroupKind(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
+    whole_world: ClassVar[bool] = False
+    """Every rank in one group on any layout (the default process group): what the planner prices a flat
+    strategy's collectives in and names "across N nodes" in its messages."""
 
     @abstractmethod
     def partition(self, hosts: Sequence[str]) -> list[list[int]]:
         """The groups as lists of global ranks, given every rank's host (in rank order)."""
+
+
+def node_major_hosts(nodes: int, gpus_per_node: int) -> list[str]:
+    """Every rank's host (``"0"``, ``"1"``, ...) when ``nodes x gpus_per_node`` ranks are placed node by node, the
+    ranks of a node contiguous (torchrun's, srun's and mpirun's by-node order)."""
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes} and {gpus_per_node}")
+    return [str(i) for i in range(nodes) for _ in range(gpus_per_node)]
 
 
 def nodes_of(hosts: Sequence[str]) -> list[list[int]]:
@@ -35,6 +49,7 @@ def nodes_of(hosts: Sequence[str]) -> list[list[int]]:
 class World(GroupKind):
     name = "world"
     description = "every rank in one group"
+    whole_world = True
 
     def partition(self, hosts: Sequence[str]) -> list[list[int]]:
         return [list(range(len(hosts)))]
@@ -58,14 +73,22 @@ class Inter(GroupKind):
         return [[n[i] for n in nodes if i < len(n)] for i in range(width)]
 
 
-GROUP_KINDS: dict[str, GroupKind] = {k.name: k for k in (World(), Intra(), Inter())}
+GROUP_KINDS: Registry[GroupKind] = Registry("group")
+"""Group kind name (a suite's ``groups``, the results' ``group`` column) -> kind."""
+
+
+def register_group_kind(kind: GroupKind, *, replace: bool = False) -> GroupKind:
+    """Add a group kind (a plugin's, or the built-ins below) under its name."""
+    return GROUP_KINDS.register(kind.name, kind, replace=replace)
 
 
 def get_group_kind(name: str) -> GroupKind:
-    try:
-        return GROUP_KINDS[name]
-    except KeyError:
-        raise ValueError(f"unknown group {name!r}; valid choices: {', '.join(GROUP_KINDS)}") from None
+    """The kind called ``name``; ValueError naming the valid choices."""
+    return GROUP_KINDS.get(name)
+
+
+for _kind in (World(), Intra(), Inter()):
+    register_group_kind(_kind)
 
 
 def unusable(kind: GroupKind, hosts: Sequence[str]) -> str | None:

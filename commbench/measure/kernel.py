@@ -133,6 +133,17 @@ class NoFp8Kernel:
     def available(self, device: torch.device) -> bool:
         return False
 
+    def runs_on(self, device: torch.device) -> bool:
+        """Whether the kernel could run on tensors of ``device`` at all: host memory only (the one place that
+        knows which devices the C kernel reads)."""
+        return device.type == "cpu"
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        """Why the kernel does not run on ``device`` (None when it does)."""
+        if self.available(device):
+            return None
+        return self.error if self.runs_on(device) else f"the C kernel is CPU-only, this is {device.type}"
+
     def quantize(
         self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, fmt: int, mode: int, block: int
     ) -> None:
@@ -176,7 +187,7 @@ class Fp8Kernel(NoFp8Kernel):
         return lib
 
     def available(self, device: torch.device) -> bool:
-        if device.type != "cpu":
+        if not self.runs_on(device):
             return False
         if not self._tried:
             self._lib = self._load()

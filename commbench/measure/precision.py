@@ -1,7 +1,10 @@
 """Precision registry: name -> codec that says what the user's tensor is, what travels on the wire, and how
 one (collective, precision) point is executed as three timed phases: encode, comm, decode.
 
-Names may carry an option after a colon (``fp8_e4m3:block128``); the registry maps the base name to a factory.
+Names may carry an option after a colon (``fp8_e4m3:block128``); the registry (:data:`PRECISIONS`) maps the base
+name to a factory. The codecs (:mod:`commbench.measure.codec`) and the fp8 precisions register into it from their
+own modules, which the plugin loader imports: this one knows none of them.
+
 Every point op follows the same protocol so the sweep never special-cases a precision:
 
     op.load(x)   # copy the user's per-rank input (``precision.input_dtype``) into the op's buffers
@@ -17,10 +20,11 @@ Each phase is repeatable so the timing core can run it k times back to back.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
+from commbench.core.registry import OptionRegistry
 from commbench.measure.collectives import Collective, Layout
 
 if TYPE_CHECKING:
@@ -253,76 +257,36 @@ class CompressPrecision(_CastPrecision):
 PrecisionFactory = Callable[[str | None], Precision]
 """Builds a precision from the option after the colon (``None`` when the name has none)."""
 
-_REGISTRY: dict[str, PrecisionFactory] = {}
-_OPTIONS_HELP: dict[str, str] = {}
+PRECISIONS: OptionRegistry[Precision] = OptionRegistry("precision")
+"""The sweep's precisions by base name, in registration order (what ``commbench list`` shows)."""
 
 
-def register_precision(base: str, factory: PrecisionFactory, options_help: str = "") -> None:
-    """Register a precision family under ``base``; ``options_help`` documents accepted ``:option`` values."""
-    _REGISTRY[base] = factory
-    _OPTIONS_HELP[base] = options_help
+def register_precision(base: str, factory: PrecisionFactory, options_help: str = "", *, replace: bool = False) -> None:
+    """Register a precision family under ``base``; ``options_help`` documents accepted ``:option`` values. A taken
+    name is an error unless ``replace``."""
+    PRECISIONS.register_family(base, factory, options_help, replace=replace)
 
 
-def _no_option(name: str, make: Callable[[], Precision]) -> PrecisionFactory:
-    def factory(option: str | None) -> Precision:
-        if option is not None:
-            raise ValueError(f"precision {name!r} takes no ':{option}' option")
-        return make()
-
-    return factory
-
-
-register_precision("fp32", _no_option("fp32", lambda: NativePrecision("fp32", "float32", "float32 tensor")))
-register_precision("fp16", _no_option("fp16", lambda: NativePrecision("fp16", "float16", "float16 tensor")))
-register_precision("bf16", _no_option("bf16", lambda: NativePrecision("bf16", "bfloat16", "bfloat16 tensor")))
-register_precision(
-    "fp16_compress",
-    _no_option("fp16_compress", lambda: CompressPrecision("fp16_compress", "float16", "fp32 cast to fp16 on the wire")),
-)
-register_precision(
-    "bf16_compress",
-    _no_option("bf16_compress", lambda: CompressPrecision("bf16_compress", "bfloat16", "fp32 cast to bf16 on the wire")),
-)
-
-
-def _load_plugins() -> None:
-    # Codecs (fp8) register themselves and their precisions on import; imported lazily because they build on
-    # this module, and so a broken optional module names itself.
-    try:
-        import commbench.measure.fp8_ops  # noqa: F401
-    except ModuleNotFoundError as e:
-        if e.name != "commbench.measure.fp8_ops":
-            raise
-    import commbench.measure.raw_codec  # noqa: F401
+for _p in (
+    NativePrecision("fp32", "float32", "float32 tensor"),
+    NativePrecision("fp16", "float16", "float16 tensor"),
+    NativePrecision("bf16", "bfloat16", "bfloat16 tensor"),
+    CompressPrecision("fp16_compress", "float16", "fp32 cast to fp16 on the wire"),
+    CompressPrecision("bf16_compress", "bfloat16", "fp32 cast to bf16 on the wire"),
+):
+    PRECISIONS.register(_p.name, _p)
 
 
 def precision_names() -> list[str]:
     """Registered base names (options listed by :func:`precision_help`)."""
-    _load_plugins()
-    return list(_REGISTRY)
+    return PRECISIONS.names()
 
 
 def precision_help() -> dict[str, str]:
-    _load_plugins()
-    return dict(_OPTIONS_HELP)
+    """Base name -> the ``:option`` values it accepts, in words."""
+    return PRECISIONS.options_help()
 
 
 def get_precision(name: str) -> Precision:
     """Resolve ``base[:option]`` to a precision, or raise ``ValueError`` naming the valid choices."""
-    _load_plugins()
-    return resolve("precision", name, _REGISTRY)
-
-
-_T = TypeVar("_T")
-
-
-def resolve(kind: str, name: str, registry: Mapping[str, Callable[[str | None], _T]]) -> _T:
-    """Build ``base[:option]`` with ``registry[base]`` (the option, or None without a colon); a ``ValueError``
-    names the valid choices (``kind``: the word for the messages). The precision and codec registries share it."""
-    base, sep, option = name.strip().partition(":")
-    factory = registry.get(base)
-    if factory is None:
-        raise ValueError(f"unknown {kind} {name!r}; valid choices: {', '.join(registry)}")
-    if sep and not option:
-        raise ValueError(f"{kind} {name!r} has an empty option after ':'")
-    return factory(option if sep else None)
+    return PRECISIONS.get(name)

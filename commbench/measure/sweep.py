@@ -39,7 +39,7 @@ from commbench.measure.collectives import Collective, Layout, get_collective
 from commbench.measure.groups import SubGroup, build, get_group_kind, unusable
 from commbench.measure.precision import Precision, Unsupported, get_precision
 from commbench.measure.raw_codec import NAME as ALGORITHM_BASELINE
-from commbench.measure.timing import Rounds, Stats, bandwidth_gbps, measure_rounds
+from commbench.measure.timing import Rounds, Stats, bandwidth_gbps, measure_rounds, sample_timer
 
 BASELINE = "fp32"
 """Every gain is against this precision at the same size (when the suite runs it)."""
@@ -80,7 +80,7 @@ class GroupState:
 def contenders(names: Sequence[str], coll: Collective, backend: str) -> list[Precision]:
     """The precisions a group of ``coll`` runs on ``backend``: the suite's ``names`` the backend supports, in
     order, and ``fp32_chunked`` where the algorithm/precision split applies (the memory estimate counts them
-    all: :func:`commbench.measure.check.point_memory`)."""
+    all: :func:`commbench.measure.footprint.point_memory`)."""
     precs = [get_precision(p) for p in names]
     precs = [p for p in precs if p.supports(coll, backend)]
     have = {p.name for p in precs}
@@ -274,7 +274,7 @@ class Sweep:
             barrier=d.barrier,
             prior=None if state is None else state.rounds,
             gap=compute_gap(d.device, t.gap_s, d.sync) if t.mode == "isolated" else None,
-            timer=d.sample_timer(t.device_timer),
+            timer=sample_timer(d, t.device_timer),
         )
         return GroupState(checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
                           has_codec=[op.has_codec for op in ops], live=live)  # fmt: skip

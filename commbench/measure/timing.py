@@ -32,8 +32,13 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from commbench.core.suite import DEVICE_TIMERS
+
+if TYPE_CHECKING:
+    from commbench.cluster.launch import Dist
 
 Clock = Callable[[], float]
 SampleTimer = Callable[[Callable[[], None], int], float]
@@ -64,7 +69,7 @@ def run_sample(
 
 def event_timer(event: Callable[[], Any]) -> SampleTimer:
     """A sample timer from device events: ``event()`` makes an event with ``record()``, ``synchronize()`` and
-    ``elapsed_time(other)`` in milliseconds (``torch.cuda.Event(enable_timing=True)``: ``launch.Dist`` passes it).
+    ``elapsed_time(other)`` in milliseconds (``torch.cuda.Event(enable_timing=True)``: :func:`sample_timer` passes it).
     Both events are recorded on the current stream, around the k ops; the host waits for the second one only."""
 
     def sample(fn: Callable[[], None], k: int) -> float:
@@ -77,6 +82,24 @@ def event_timer(event: Callable[[], Any]) -> SampleTimer:
         return float(start.elapsed_time(end)) / 1e3
 
     return sample
+
+
+def sample_timer(d: Dist, kind: str) -> SampleTimer | None:
+    """The sample timer of ``timing.device_timer`` ``kind`` on the world ``d``: None for ``host`` (the host clock
+    around k ops and one synchronize, nccl-tests' BenchTime), CUDA events on the current stream for ``events``
+    (:func:`event_timer`); ValueError, one line, for an unknown kind or ``events`` off CUDA."""
+    if kind not in DEVICE_TIMERS:
+        raise ValueError(f"unknown device timer {kind!r}; valid choices: {', '.join(DEVICE_TIMERS)}")
+    if kind == "host":
+        return None
+    if d.device.type != "cuda":
+        raise ValueError(
+            f"--device-timer events needs CUDA devices: this run is on {d.device.type} "
+            f"(backend {d.backend}); use --device-timer host"
+        )
+    import torch
+
+    return event_timer(lambda: torch.cuda.Event(enable_timing=True))
 
 
 def calibrate(
@@ -148,14 +171,10 @@ class Rounds:
 
 
 EXCHANGE_S = 0.1
-"""Seconds of rounds between two exchanges of the sampled values (and stopping tests) across ranks.
-
-Exchanging and testing after every round put ~0.3-1 ms of work between every two samples, and work just before a
-sample slows it: gloo 2-rank all_reduce of 8 B, 20 ops after a barrier, 400 interleaved samples each (this
-project's 2-core VM, each rank bound to its own core): +2.4-3.2 % after an all_gather of the values, +3.0-3.9 %
-after 1 ms of Python on both ranks, +4.4-6.8 % on one rank, and nothing after a 1 ms sleep. Once per ~0.1 s that
-cost lands on one sample in ~30 at 8 B; a round longer than 0.1 s (large messages) is still followed by an
-exchange, where one op's share of the cost is small."""
+"""Seconds of rounds between two exchanges of the sampled values (and stopping tests) across ranks: work just
+before a sample slows it by a few percent, so the bookkeeping runs once per block of rounds instead of after every
+round (the figures: benchmarks/results/2026-12-01_2core-vm_gloo.md, "Timing protocol: why k = 20 and why
+exchanges are blocked")."""
 
 
 def measure_rounds(
@@ -207,100 +226,169 @@ def measure_rounds(
     first test comes as soon as ``min_rounds`` and ``min_new_rounds`` allow, so a point that is precise then
     stops there.
     """
-    if ci is None:
-        from commbench.core.stats import median_ci
-
-        def ci(xs: Sequence[float]) -> float:
-            return median_ci(xs).rel_half_width
-
-    for phases in contenders:
-        for fn in phases:
-            for _ in range(warmup):
-                fn()
-    sync()
-    shape = [len(p) for p in contenders]
+    width_of = ci or _median_rel_half_width
+    _warm_up(contenders, warmup, sync)
     if prior is not None:
-        if [len(p) for p in prior.iters] != shape:
-            raise ValueError(f"prior rounds have phases {[len(p) for p in prior.iters]}, contenders {shape}")
-        iters = prior.iters
+        iters = _prior_iters(prior, contenders)
     elif gap is not None:
         iters = tuple(tuple(1 for _ in phases) for phases in contenders)
     else:
-        iters = tuple(
-            tuple(
-                min(max_iters, max(min_iters, calibrate(
-                    fn, min_time_s=min_time_s, max_iters=max_iters, sync=sync, clock=clock, agree=agree,
-                    barrier=barrier, timer=timer,
-                )))
-                for fn in phases
-            )
-            for phases in contenders
-        )  # fmt: skip
-    # [c][p][rank][round] and [rank][round]: a prior pass's rounds first
-    acc: list[list[list[list[float]]]] | None = (
-        None if prior is None else [[[list(r) for r in phase] for phase in c] for c in prior.samples]
-    )
-    waits: list[list[float]] = [] if prior is None else [list(w) for w in prior.waits]
-    before = 0.0 if prior is None else prior.elapsed_s
+        cal = _Calibration(min_time_s, min_iters, max_iters, sync, clock, agree, barrier, timer)
+        iters = tuple(tuple(cal.k(fn) for fn in phases) for phases in contenders)
+    log = _Log.continuing(prior, "min" if gap is not None else "mean", [len(p) for p in contenders])
     t0 = clock()
-    rounds = 0 if prior is None else prior.rounds
-    first = rounds
-    across = "min" if gap is not None else "mean"
-    if prior is not None and prior.across_ranks != across:
-        raise ValueError(f"prior rounds combine ranks by {prior.across_ranks}, this pass by {across}")
-    converged = False
+    first = log.rounds
     elapsed = 0.0
-    width = sum(shape) + 1  # one round's values on one rank: every phase's per-op seconds, then the barrier wait
     # the round after which the ranks exchange what they sampled and test whether to stop: the first as soon as
     # a stop is allowed, later ones one block (about exchange_s of rounds) apart
     test_at = min(max(min_rounds, first + min_new_rounds, first + 1), max(max_rounds, first + 1))
     block: list[float] = []
     while True:
-        values = [[0.0] * n for n in shape]
-        wait = 0.0
-        for j in range(len(contenders)):
-            c = (j + rounds) % len(contenders)
-            for p, fn in enumerate(contenders[c]):
-                # Time spent waiting in the barrier: the rank the others wait for (a straggler) waits least.
-                tb = clock()
-                barrier()
-                wait += clock() - tb
-                if gap is not None:
-                    gap()
-                values[c][p] = run_sample(fn, iters[c][p], sync=sync, clock=clock, timer=timer) / iters[c][p]
-        rounds += 1
-        block.extend(v for row in values for v in row)
-        block.append(wait)
-        if rounds < test_at:
+        block.extend(_round(contenders, iters, log.rounds, barrier=barrier, clock=clock, gap=gap, sync=sync, timer=timer))
+        log.rounds += 1
+        if log.rounds < test_at:
             continue
         per_rank = gather(block + [clock() - t0])
         block = []
         elapsed = max(r[-1] for r in per_rank)
-        if acc is not None and len(acc[0][0]) != len(per_rank):
-            raise ValueError(f"prior rounds hold {len(acc[0][0])} ranks, this pass {len(per_rank)}")
-        if acc is None:
-            acc = [[[[] for _ in per_rank] for _ in range(n)] for n in shape]
-            waits = [[] for _ in per_rank]
+        log.add(per_rank)
+        if log.rounds >= min_rounds and log.rounds - first >= min_new_rounds:
+            result = log.result(iters, False, elapsed)
+            log.converged = all(width_of(result.per_sample_total(c)) <= target_rel_ci for c in range(len(contenders)))
+            if log.converged or elapsed >= budget_s or log.rounds >= max_rounds:
+                break
+        test_at = _next_test(log.rounds, first, elapsed, exchange_s, max_rounds)
+    return log.result(iters, log.converged, elapsed)
+
+
+def _median_rel_half_width(xs: Sequence[float]) -> float:
+    """The default interval: the relative half-width of the median's order-statistic interval."""
+    from commbench.core.stats import median_ci
+
+    return median_ci(xs).rel_half_width
+
+
+def _warm_up(contenders: Sequence[Sequence[Callable[[], None]]], warmup: int, sync: Callable[[], None]) -> None:
+    """``warmup`` untimed calls of every phase (first-call costs: allocations, connections), then one sync."""
+    for phases in contenders:
+        for fn in phases:
+            for _ in range(warmup):
+                fn()
+    sync()
+
+
+def _prior_iters(prior: Rounds, contenders: Sequence[Sequence[Callable[[], None]]]) -> tuple[tuple[int, ...], ...]:
+    """The k of an earlier pass, which must have sampled contenders of the same phases."""
+    shape = [len(p) for p in contenders]
+    if [len(p) for p in prior.iters] != shape:
+        raise ValueError(f"prior rounds have phases {[len(p) for p in prior.iters]}, contenders {shape}")
+    return prior.iters
+
+
+@dataclass(frozen=True, slots=True)
+class _Calibration:
+    """How one phase's k is found: :func:`calibrate`, then clamped to ``[min_iters, max_iters]``."""
+
+    min_time_s: float
+    min_iters: int
+    max_iters: int
+    sync: Callable[[], None]
+    clock: Clock
+    agree: Callable[[float], float]
+    barrier: Callable[[], None]
+    timer: SampleTimer | None
+
+    def k(self, fn: Callable[[], None]) -> int:
+        found = calibrate(
+            fn, min_time_s=self.min_time_s, max_iters=self.max_iters, sync=self.sync, clock=self.clock,
+            agree=self.agree, barrier=self.barrier, timer=self.timer,
+        )  # fmt: skip
+        return min(self.max_iters, max(self.min_iters, found))
+
+
+def _round(
+    contenders: Sequence[Sequence[Callable[[], None]]],
+    iters: tuple[tuple[int, ...], ...],
+    index: int,
+    *,
+    barrier: Callable[[], None],
+    clock: Clock,
+    gap: Callable[[], None] | None,
+    sync: Callable[[], None],
+    timer: SampleTimer | None,
+) -> list[float]:
+    """Round ``index``: one sample of every phase of every contender, starting from contender ``index`` (mod
+    their number). Returns this rank's per-op seconds of every phase in contender order, then its barrier wait."""
+    values = [[0.0] * len(phases) for phases in contenders]
+    wait = 0.0
+    for j in range(len(contenders)):
+        c = (j + index) % len(contenders)
+        for p, fn in enumerate(contenders[c]):
+            # Time spent waiting in the barrier: the rank the others wait for (a straggler) waits least.
+            tb = clock()
+            barrier()
+            wait += clock() - tb
+            if gap is not None:
+                gap()
+            values[c][p] = run_sample(fn, iters[c][p], sync=sync, clock=clock, timer=timer) / iters[c][p]
+    return [*(v for row in values for v in row), wait]
+
+
+def _next_test(rounds: int, first: int, elapsed: float, exchange_s: float, max_rounds: int) -> int:
+    """The round of the next exchange: about ``exchange_s`` of rounds at this call's pace so far (the same on every
+    rank: it comes from the exchanged elapsed time), never past ``max_rounds``."""
+    per_round = elapsed / max(1, rounds - first)
+    size = max(1, round(exchange_s / per_round)) if per_round > 0 else 1
+    return min(rounds + size, max(max_rounds, rounds + 1))
+
+
+@dataclass(slots=True)
+class _Log:
+    """Every rank's samples so far (``acc[c][p][rank][round]``, ``waits[rank][round]``), a prior pass's first."""
+
+    shape: list[int]
+    across: str
+    before: float
+    """Seconds a prior pass sampled."""
+    rounds: int
+    acc: list[list[list[list[float]]]] | None = None
+    """None until the first exchange says how many ranks there are (without a prior pass)."""
+    waits: list[list[float]] = field(default_factory=list)
+    converged: bool = False
+
+    @classmethod
+    def continuing(cls, prior: Rounds | None, across: str, shape: list[int]) -> _Log:
+        if prior is None:
+            return cls(shape, across, 0.0, 0)
+        log = cls(
+            shape, across, prior.elapsed_s, prior.rounds,
+            [[[list(r) for r in phase] for phase in c] for c in prior.samples], [list(w) for w in prior.waits],
+        )  # fmt: skip
+        if prior.across_ranks != across:
+            raise ValueError(f"prior rounds combine ranks by {prior.across_ranks}, this pass by {across}")
+        return log
+
+    def add(self, per_rank: list[list[float]]) -> None:
+        """Append one exchange: each rank's block of rounds (every phase's value, then the wait, per round) and,
+        last, its elapsed time."""
+        if self.acc is not None and len(self.acc[0][0]) != len(per_rank):
+            raise ValueError(f"prior rounds hold {len(self.acc[0][0])} ranks, this pass {len(per_rank)}")
+        if self.acc is None:
+            self.acc = [[[[] for _ in per_rank] for _ in range(n)] for n in self.shape]
+            self.waits = [[] for _ in per_rank]
+        width = sum(self.shape) + 1
         for r, vals in enumerate(per_rank):
             for b in range(0, len(vals) - 1, width):
                 i = b
-                for c, n in enumerate(shape):
+                for c, n in enumerate(self.shape):
                     for p in range(n):
-                        acc[c][p][r].append(vals[i])
+                        self.acc[c][p][r].append(vals[i])
                         i += 1
-                waits[r].append(vals[i])
-        if rounds >= min_rounds and rounds - first >= min_new_rounds:
-            result = _rounds(iters, acc, waits, rounds, False, before + elapsed, across)
-            converged = all(ci(result.per_sample_total(c)) <= target_rel_ci for c in range(len(contenders)))
-            if converged or elapsed >= budget_s or rounds >= max_rounds:
-                break
-        # the next block: about exchange_s of rounds at this call's pace so far (the same on every rank: it comes
-        # from the exchanged elapsed time), never past max_rounds
-        per_round = elapsed / max(1, rounds - first)
-        size = max(1, round(exchange_s / per_round)) if per_round > 0 else 1
-        test_at = min(rounds + size, max(max_rounds, rounds + 1))
-    assert acc is not None
-    return _rounds(iters, acc, waits, rounds, converged, before + elapsed, across)
+                self.waits[r].append(vals[i])
+
+    def result(self, iters: tuple[tuple[int, ...], ...], converged: bool, elapsed: float) -> Rounds:
+        assert self.acc is not None  # the loop exchanges before it can stop
+        return _rounds(iters, self.acc, self.waits, self.rounds, converged, self.before + elapsed, self.across)
 
 
 def _rounds(

@@ -21,10 +21,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from commbench.core.records import CollectivePoint, Crossover, Record, frame_dtypes, record_for_table
-
-SCHEMA_VERSION = 2
-"""2: every table also as parquet, dtypes from the records; version 1 directories load unchanged."""
+from commbench.core.records import SCHEMA_VERSION, CollectivePoint, Crossover, Record, frame_dtypes, record_for_table
 
 R = TypeVar("R", bound=Record)
 

@@ -4,10 +4,10 @@ Public API (used by the suite runner):
 - `list_policies()` -> stable policy names (documented in `commbench.training.policies`).
 - `TrainingConfig.from_dict(d)` -> the validated `[training]` table; ValueError on bad input.
 - `run_training(config, *, device, on_policy_done=None, skip=(), hosts=None)` -> (TrainingSummary records, TrainingStep records).
-- `gain_table(summary)` -> the "performance gain" table (pure pandas, for views).
 
 Everything but `list_policies` is imported on first use (PEP 562): the config pulls in the models (torch), the
-tables pandas, the runner torch.distributed; `commbench list` and views that need one of them pay for that one.
+runner torch.distributed; `commbench list` pays for neither. The views over training.csv rows live in
+`commbench.views.training_tables` (views never import this package).
 """
 
 from __future__ import annotations
@@ -20,14 +20,11 @@ from commbench.training.policies import list_policies
 if TYPE_CHECKING:
     from commbench.training.config import TrainingConfig
     from commbench.training.runner import run_training
-    from commbench.training.tables import bf16_vs_fp16, gain_table
 
-__all__ = ["TrainingConfig", "bf16_vs_fp16", "gain_table", "list_policies", "run_training"]
+__all__ = ["TrainingConfig", "list_policies", "run_training"]
 
 _LAZY = {
     "TrainingConfig": "commbench.training.config",
-    "bf16_vs_fp16": "commbench.training.tables",
-    "gain_table": "commbench.training.tables",
     "run_training": "commbench.training.runner",
 }
 """Public name -> the module that owns it (the module's own object, not a copy of its signature)."""

@@ -73,7 +73,7 @@ def bus_factor(op: str, n: int) -> float:
     """nccl-tests bus-bandwidth factor: bytes a rank sends per byte of nccl-tests `size`."""
     if n <= 1:
         return 0.0
-    coll = COLLECTIVES.get(op)
+    coll = COLLECTIVES.get(op, None)
     if coll is not None:
         return coll.bus_factor(n)
     extra = _EXTRA_BUS_FACTORS.get(op)

@@ -1,8 +1,9 @@
 """The `[training]` suite table as a typed config: known keys, types, ranges, defaults.
 
-`TrainingConfig.from_dict(table)` validates a parsed TOML table at suite load; every problem raises one
-ValueError naming the key, the bad value and the valid choices (the CLI turns it into exit code 2).
-The defaults are a tiny GPT that runs every policy on 2 CPU ranks in well under a minute.
+`TrainingConfig.from_dict(table)` validates a parsed TOML table at suite load (registered as the suite's
+``training`` table); every problem raises one ValueError naming the key, the bad value and the valid choices (the
+CLI turns it into exit code 2). The defaults are a tiny GPT that runs every policy on 2 CPU ranks in well under a
+minute. Models and policies are looked up by registry kind, not imported: they are typed against this config.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from commbench.core import plugins
+from commbench.core.registry import REGISTRIES, Registry
 from commbench.core.settings import check_settings, count, flag, positive, setting
-from commbench.training.models import MODELS, check_shape
-from commbench.training.policies import list_policies
+from commbench.core.suite import SUITE_TABLES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,11 +46,12 @@ class TrainingConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ValueError(f"training.model={self.model!r} is not valid; valid: {', '.join(MODELS)}")
+        models = _registry("model")
+        if self.model not in models:
+            raise ValueError(f"training.model={self.model!r} is not valid; valid: {', '.join(models.names())}")
         check_settings(self, "training")
         self.policies = _resolve_policies(self.policies)
-        check_shape(self)
+        models.get(self.model).check(self)
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> TrainingConfig:
@@ -77,8 +80,14 @@ class TrainingConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _registry(kind: str) -> Registry[Any]:
+    """The registry of ``kind`` with its built-ins loaded."""
+    plugins.load(kind=kind)
+    return REGISTRIES[kind]
+
+
 def _resolve_policies(value: Any) -> list[str]:
-    valid = list_policies()
+    valid = _registry("policy").names()
     if value == "all":
         return valid
     if isinstance(value, str):
@@ -93,3 +102,6 @@ def _resolve_policies(value: Any) -> list[str]:
     if len(set(value)) != len(value):
         raise ValueError(f"training.policies lists a policy twice: {value!r}")
     return list(value)
+
+
+SUITE_TABLES.register("training", TrainingConfig.from_dict)

@@ -28,6 +28,8 @@ fake collective whose future is complete at launch while its output lands later.
 """
 
 import contextlib
+import functools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -288,3 +290,42 @@ def codec_hook_bytes(codec_name: str, bucket_numels: Sequence[int], n: int) -> d
             key = _key(coll.name, dtype)
             out[key] = out.get(key, 0.0) + coll.bus_factor(n) * size
     return out
+
+
+_PROBE_AMAXES = tuple(1.0 + k / 32 for k in range(32))
+"""One binade of chunk amaxes: a codec with power-of-two scales is tightest at one of them (for fp8 e4m3 at
+1.75 = 448 / 2**8, where the amax lands on the format's maximum)."""
+
+
+@functools.cache
+def codec_underflow(codec_name: str) -> float:
+    """The fraction of a chunk's amax at or below which ``codec_name`` encodes an element as zero: the gradient
+    threshold of `runner`'s underflow count for a codec hook (``0.0``: the codec loses no nonzero value).
+
+    Measured on the codec itself, so every registered codec has one without declaring it: for each amax of one
+    binade, the largest float32 ``t`` with ``decode(encode([amax, t]))[1] == 0`` (bisection on float32 bit
+    patterns, which order like the positive values), and the smallest ``t / amax`` over them (the codec at its
+    tightest; fp8 e4m3 per-tensor: 2**-10 / 448, half the smallest subnormal relative to the maximum)."""
+    codec = get_codec(codec_name)
+    codes = torch.zeros(codec.code_bytes(2), dtype=torch.uint8)
+    scales = torch.zeros(codec.num_scales(2), dtype=torch.float32)
+    out = torch.zeros(2, dtype=torch.float32)
+
+    def lost(amax: float, bits: int) -> bool:
+        t = torch.tensor([bits], dtype=torch.int32).view(torch.float32)
+        codec.encode(torch.cat([torch.tensor([amax]), t]), codes, scales)
+        codec.decode(codes, scales, out)
+        return float(out[1]) == 0.0
+
+    best = math.inf
+    for amax in _PROBE_AMAXES:
+        lo = 0  # bits of 0.0: always lost
+        hi = int(torch.tensor([amax], dtype=torch.float32).view(torch.int32))  # the amax itself: never lost
+        if lost(amax, hi):
+            raise ValueError(f"codec {codec_name!r} decodes a chunk's amax {amax} as zero")
+        while hi - lo > 1:  # invariant: lo lost, hi kept
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if lost(amax, mid) else (lo, mid)
+        t = float(torch.tensor([lo], dtype=torch.int32).view(torch.float32))
+        best = min(best, t / amax)
+    return best

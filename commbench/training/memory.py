@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from commbench.cluster import launch
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if hasattr(t, "_local_tensor") else t  # DTensor (FSDP2) -> its shard
@@ -183,7 +185,7 @@ class _CpuMemTracker:
 
 def _meter(device: torch.device) -> _CudaAllocator | _CpuHeap | _CpuMemTracker:
     """The one place that decides, by device, how memory is measured."""
-    if device.type == "cuda":
+    if launch.on_cuda(device):
         return _CudaAllocator(device)
     if _HEAP_IN_USE is not None:
         return _CpuHeap(_HEAP_IN_USE)

@@ -26,14 +26,16 @@ _LOW = {torch.float16, torch.bfloat16}
 def fp16_unscaled(
     policy: Policy, underflow_frac: float, baseline_underflow_frac: float, nonfinite_steps: int, skipped_steps: int
 ) -> str | None:
-    """fp16 arithmetic or communication on gradients without a loss scaler, and it shows."""
-    if not policy.uses_fp16 or policy.loss_scaling.scales:
+    """fp16 arithmetic or communication on gradients without a loss scaler, and it shows (any format whose range
+    needs loss scaling: `Underflow.needs_loss_scaling`)."""
+    fmt = policy.loss_scaling_format
+    if fmt is None or policy.loss_scaling.scales:
         return None
     excess = underflow_frac - baseline_underflow_frac
     if excess <= UNDERFLOW_WARN_FRAC and nonfinite_steps == 0:
         return None
     return (
-        f"fp16 without loss scaling: {underflow_frac:.1%} of gradient elements underflow to zero in fp16 "
+        f"{fmt} without loss scaling: {underflow_frac:.1%} of gradient elements underflow to zero in {fmt} "
         f"(fp32 baseline {baseline_underflow_frac:.1%}), {nonfinite_steps} non-finite and {skipped_steps} "
         "skipped steps; use a GradScaler"
     )

@@ -1,8 +1,9 @@
 """The training precision-policy registry: stable names -> composed strategy objects (see `strategies.py`).
 
 A policy is a Sharding, a GradComm and a LossScaling plus an autocast dtype. Adding one is a row in
-`_POLICIES` (or `register_policy` from elsewhere); a new kind of sharding or hook is a class in
-`strategies.py`.
+`_POLICIES` (or `register_policy` from a plugin module, see `commbench.core.plugins`); a new kind of sharding or
+hook is a class (here in `strategies.py`, or in the plugin). Everything the runner and the reports need is asked
+of those objects (bytes, memory, the underflow threshold, pitfalls), never looked up by the policy's name.
 
 Names are stable because reports and `training.csv` rows use them:
 
@@ -41,12 +42,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from commbench.core.registry import Registry
 from commbench.measure.precision import torch_dtype
 from commbench.training.strategies import (
     ADAM_FP32,
     ALL_REDUCE,
     BF16,
     DDP,
+    DTYPE_UNDERFLOW,
     FP16,
     FP32,
     FSDP1,
@@ -57,7 +60,6 @@ from commbench.training.strategies import (
     NO_LAYOUT,
     NO_SCALING,
     SHORT,
-    UNDERFLOW,
     CastHook,
     CodecHook,
     GradComm,
@@ -67,6 +69,7 @@ from commbench.training.strategies import (
     ModelState,
     ShardedGradScaling,
     Sharding,
+    Underflow,
     ZeRO1,
     merge_bytes,
 )
@@ -108,19 +111,25 @@ class Policy:
         """Dtype the gradients are communicated in (for reports)."""
         return self.sharding.comm_dtype(self.grad_comm)
 
-    @property
-    def grad_low_dtype(self) -> str:
-        """The lowest precision a gradient passes through (compute or communication): fp32|bf16|fp16|fp8_e4m3."""
-        cands = [self.comm_dtype]
+    def stages(self) -> list[Underflow]:
+        """What each precision a gradient passes through loses: its communication, the autocast compute dtype and
+        the wrapper's own arithmetic (FSDP's parameter dtype), each asked of the object that owns it."""
+        out = [self.sharding.comm_underflow(self.grad_comm)]
         if self.autocast_name is not None:
-            cands.append(SHORT[self.autocast_name])
-        cands.extend(SHORT[d] for d in self.sharding.grad_dtype_names())
-        return min(cands, key=list(UNDERFLOW).index)
+            out.append(DTYPE_UNDERFLOW[self.autocast_name])
+        out.extend(DTYPE_UNDERFLOW[d] for d in self.sharding.grad_dtype_names())
+        return out
 
     @property
-    def uses_fp16(self) -> bool:
-        """True when any fp16 arithmetic or communication touches the gradients."""
-        return self.grad_low_dtype == "fp16"
+    def underflow(self) -> Underflow:
+        """The gradient underflow threshold of the whole policy (an element lost at any stage is lost)."""
+        return Underflow.through(self.stages())
+
+    @property
+    def loss_scaling_format(self) -> str | None:
+        """Report name of a format the gradients pass through that loses them unless the loss is scaled (fp16), or
+        None where none does."""
+        return next((u.label for u in self.stages() if u.needs_loss_scaling), None)
 
     def comm_bytes(
         self, *, psi: float, world_size: int, layout: Layout = NO_LAYOUT, nodes: int = 1
@@ -228,33 +237,40 @@ _POLICIES: tuple[Policy, ...] = (
     *_zero_fsdp1(3, "FULL_SHARD"),
 )
 
-POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}
+POLICIES: Registry[Policy] = Registry("policy")
+"""The training policies by stable name, built-ins first (in the order above), then plugins' in loading order."""
+for _p in _POLICIES:
+    POLICIES.register(_p.name, _p)
 
 BASELINE = "fp32"
 """The policy every drift and gain is measured against (always run first)."""
 
 
 def register_policy(policy: Policy) -> Policy:
-    """Add a policy to the registry (after the built-in ones); a taken name raises ValueError."""
+    """Add a policy to the registry (after the built-in ones); a taken name, or a gradient hook that cannot run
+    (`GradComm.validate`, e.g. an unknown codec), raises ValueError here rather than during a run."""
     if policy.name in POLICIES or policy.name == "all":
         raise ValueError(f"training policy {policy.name!r} is already registered")
-    POLICIES[policy.name] = policy
-    return policy
+    try:
+        policy.grad_comm.validate()
+    except ValueError as e:
+        raise ValueError(f"training policy {policy.name!r}: {e}") from None
+    return POLICIES.register(policy.name, policy)
 
 
 def unregister_policy(name: str) -> None:
     """Remove a registered policy (tests register toys and clean up after themselves)."""
-    POLICIES.pop(name, None)
+    POLICIES.unregister(name)
 
 
 def list_policies() -> list[str]:
     """Stable policy names in registry order (fp32 first: it is the baseline)."""
-    return list(POLICIES)
+    return POLICIES.names()
 
 
 def get_policy(name: str) -> Policy:
     """Look a policy up by name; unknown names raise ValueError listing the valid ones."""
     try:
-        return POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown training policy {name!r}; valid: {', '.join(POLICIES)}") from None
+        return POLICIES.get(name)
+    except ValueError:
+        raise ValueError(f"unknown training policy {name!r}; valid: {', '.join(POLICIES.names())}") from None

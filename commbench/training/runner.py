@@ -36,8 +36,9 @@ does not list it): loss_drift = loss - loss_fp32 at the same step; grad_norm_dri
 underflow_frac: fraction of the gradient elements (after communication, multiplied back by the
 GradScaler scale when there is one, i.e. as the low-precision arithmetic saw them) whose magnitude
 is at most half the smallest subnormal of the lowest precision the gradient went through
-(`Policy.grad_low_dtype`): the values a cast to that precision rounds to zero, exact zeros included.
-For fp8 the threshold is relative to the gradient's amax (per-tensor scaling): amax / 448 * 2**-10.
+(`Policy.underflow`, the largest threshold of its stages): the values a cast to that precision rounds to zero,
+exact zeros included. For a codec the threshold is relative to the gradient's amax, measured on the codec
+(`hooks.codec_underflow`; fp8 e4m3 with per-tensor scaling: amax / 448 * 2**-10).
 The fp32 baseline's figure is its fraction of exact zeros, the floor the pitfall detector compares
 against.
 """
@@ -59,6 +60,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from commbench.cluster import launch
 from commbench.core import stats
 from commbench.core.records import TrainingStep, TrainingSummary
 from commbench.training import pitfalls as pitfalls_mod
@@ -67,7 +69,7 @@ from commbench.training.config import TrainingConfig
 from commbench.training.memory import measure_step_memory, memory_baseline
 from commbench.training.models import build_model, loss_fn, make_batch, param_count, tokens_per_sample
 from commbench.training.policies import BASELINE, Policy, get_policy
-from commbench.training.strategies import UNDERFLOW, FsdpUnit, Layout, autocast
+from commbench.training.strategies import FsdpUnit, Layout, Underflow, autocast
 
 T = TypeVar("T")
 
@@ -226,8 +228,7 @@ def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: 
 
 def _sync(device: torch.device) -> None:
     """The default device synchronisation where the caller passes none (`launch.Dist.sync` is the run's)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    launch.synchronize(device)
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor]:
@@ -248,12 +249,12 @@ def _grad_dtypes(model: nn.Module) -> set[tuple[torch.dtype, torch.dtype]]:
     return pairs
 
 
-def _underflow_threshold(low: str, grads: list[torch.Tensor]) -> torch.Tensor | float:
-    absolute, relative = UNDERFLOW[low]
+def _underflow_threshold(low: Underflow, grads: list[torch.Tensor]) -> torch.Tensor | float:
+    absolute, relative = low.absolute, low.relative
     if not relative:
         return absolute
     amax = max((g.detach().abs().max() for g in grads if g.numel()), default=torch.tensor(0.0))
-    return amax.double() * relative
+    return (amax.double() * relative).clamp(min=absolute)  # lost in either stage: the larger threshold
 
 
 class _BNInspector:
@@ -334,7 +335,7 @@ class PolicySession:
             "wrapping the model", lambda: _wrap(policy, model, device, float(section.lr), self.n, self.nodes)
         )
         self.notes.extend(policy.grad_comm.notes())
-        if policy.autocast is not None and device.type == "cpu":
+        if policy.autocast is not None and not launch.on_cuda(device):
             self.notes.append(_cpu_autocast_note(policy.autocast))
         self.pitfalls.extend(policy.pitfalls())
         self.mult = float(section.loss_multiplier)
@@ -487,7 +488,7 @@ class PolicySession:
     def _grad_stats(self, loss: torch.Tensor, scale: float) -> torch.Tensor:
         grads = self._my_share(_grads(self.w.model))
         self.grad_dtype_pairs |= _grad_dtypes(self.w.model)
-        low = self.policy.grad_low_dtype
+        low = self.policy.underflow
         dev = self.device
         with torch.no_grad():
             if grads:
@@ -846,7 +847,7 @@ def run_training(
     summary_rows: list[TrainingSummary] = []
     step_rows: list[TrainingStep] = []
     baseline: PolicyRun | None = None
-    if sec.measure_memory and device.type == "cpu":
+    if sec.measure_memory and not launch.on_cuda(device):
         # Prime the process: the first training run allocates process-lifetime caches (oneDNN
         # primitives, gloo buffers, thread pools) that the heap measurement would charge to the
         # baseline. Two untimed fp32 steps, no rows.

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from commbench.cluster import launch
 from commbench.measure.precision import torch_dtype
 from commbench.training.comm import bus_factor, dtype_name
 
@@ -52,16 +53,41 @@ FP32, FP16, BF16 = "float32", "float16", "bfloat16"
 SHORT: dict[str, str] = {FP32: "fp32", FP16: "fp16", BF16: "bf16"}
 """Report names of the compute/communication dtypes, by torch's name."""
 
-UNDERFLOW: dict[str, tuple[float, float]] = {
-    # Per-tensor scaling maps the amax to 448: relative to the amax, half e4m3's smallest subnormal.
-    "fp8_e4m3": (0.0, 2.0**-10 / 448.0),
+@dataclass(frozen=True, slots=True)
+class Underflow:
+    """Where a number format loses small gradient elements: those at or below ``absolute``, or (a scaled format)
+    at or below ``relative`` times the gradient's amax, round to zero. Every stage a gradient passes through
+    (compute, communication) has one; a policy's threshold is the largest of its stages' (`Policy.underflow`)."""
+
+    label: str
+    """Report name of the format (fp16, fp8_e4m3)."""
+    absolute: float = 0.0
+    """Magnitude at or below which an element underflows whatever the scale (0: only exact zeros)."""
+    relative: float = 0.0
+    """Fraction of the gradient's amax at or below which an element underflows (scaled formats)."""
+    needs_loss_scaling: bool = False
+    """Its range loses ordinary gradients unless the loss is scaled (fp16's 5-bit exponent)."""
+
+    @classmethod
+    def through(cls, stages: Sequence[Underflow]) -> Underflow:
+        """The threshold of passing through every stage: an element lost in any one is lost."""
+        lossy = [s for s in stages if s.absolute or s.relative] or list(stages)
+        return cls(
+            "+".join(dict.fromkeys(s.label for s in lossy)),
+            max((s.absolute for s in stages), default=0.0),
+            max((s.relative for s in stages), default=0.0),
+            any(s.needs_loss_scaling for s in stages),
+        )
+
+
+DTYPE_UNDERFLOW: dict[str, Underflow] = {
     # Half the smallest positive subnormal: at or below it a value rounds to zero when cast (ties to even).
-    "fp16": (2.0**-25, 0.0),
-    "bf16": (2.0**-134, 0.0),
-    "fp32": (0.0, 0.0),  # 2**-150: below every nonzero fp32, so only exact zeros count
+    FP16: Underflow("fp16", 2.0**-25, needs_loss_scaling=True),
+    BF16: Underflow("bf16", 2.0**-134),
+    FP32: Underflow("fp32"),  # 2**-150: below every nonzero fp32, so only exact zeros count
 }
-"""Report dtype name -> (absolute, amax-relative) magnitude at or below which a gradient element underflows,
-from the lowest precision to the highest (the order `Policy.grad_low_dtype` picks the lowest by)."""
+"""What a cast to each compute/communication dtype (torch's name) loses; a codec's figure comes from the codec
+itself (`CodecHook.underflow`)."""
 
 INTRA, INTER = "intra", "inter"
 """Link classes of a collective: its process group's ranks all on one node, or on several (see `comm.py`)."""
@@ -220,6 +246,18 @@ class GradComm(ABC):
     wire: str
     """Report name of the dtype the gradients travel in (fp32, bf16, fp16, fp8_e4m3)."""
 
+    @property
+    def underflow(self) -> Underflow:
+        """What the wire format loses. Default: a cast to the torch dtype ``wire`` names (fp32, bf16, fp16), else
+        nothing but exact zeros; a hook that loses more says so by overriding it."""
+        by_label = {u.label: u for u in DTYPE_UNDERFLOW.values()}
+        return by_label.get(self.wire, Underflow(self.wire))
+
+    def validate(self) -> None:
+        """Raise ValueError when the hook cannot run (an unknown codec, say): called when a policy is registered,
+        so the mistake shows there and not in the middle of a run. Default: nothing to check."""
+        return None
+
     @abstractmethod
     def hook(self) -> HookFn:
         """The DDP comm hook."""
@@ -269,6 +307,14 @@ class CastHook(GradComm):
     def wire(self) -> str:  # type: ignore[override]
         return SHORT[self.dtype_name]
 
+    @property
+    def underflow(self) -> Underflow:
+        return DTYPE_UNDERFLOW[self.dtype_name]
+
+    def validate(self) -> None:
+        if self.dtype_name not in DTYPE_UNDERFLOW:
+            raise ValueError(f"CastHook dtype {self.dtype_name!r} is not valid; valid: {', '.join(DTYPE_UNDERFLOW)}")
+
     def hook(self) -> HookFn:
         from commbench.training.hooks import cast_hook
 
@@ -289,6 +335,19 @@ class CodecHook(GradComm):
     @property
     def wire(self) -> str:  # type: ignore[override]
         return self.codec
+
+    @property
+    def underflow(self) -> Underflow:
+        """The codec's own threshold, measured on the codec (`hooks.codec_underflow`), so any registered codec,
+        a plugin's included, has one."""
+        from commbench.training.hooks import codec_underflow
+
+        return Underflow(self.codec, relative=codec_underflow(self.codec))
+
+    def validate(self) -> None:
+        from commbench.measure.codec import get_codec
+
+        get_codec(self.codec)
 
     def hook(self) -> HookFn:
         from commbench.training.hooks import codec_hook
@@ -472,6 +531,10 @@ class Sharding(ABC):
         """Report name of the dtype the gradients are communicated in."""
         return grad_comm.wire
 
+    def comm_underflow(self, grad_comm: GradComm) -> Underflow:
+        """What the gradients' communication loses (DDP: the hook's format)."""
+        return grad_comm.underflow
+
     def grad_dtype_names(self) -> tuple[str, ...]:
         """torch's names of the dtypes the gradients pass through in this wrapper's own arithmetic (beyond
         autocast and comm)."""
@@ -492,14 +555,11 @@ class DDP(Sharding):
     takes_hooks: bool = True
 
     def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
-        import torch
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(
             model,
-            device_ids=[device.index if device.index is not None else torch.cuda.current_device()]
-            if device.type == "cuda"
-            else None,
+            device_ids=launch.device_ids(device),
             gradient_as_bucket_view=True,  # grads are views of the buckets: no second 4*Psi copy
         )
         world.grad_comm.register(ddp)
@@ -561,6 +621,9 @@ class _Fsdp(Sharding, _GatherReduceDtypes):
 
     def comm_dtype(self, grad_comm: GradComm) -> str:
         return SHORT[self.reduce_dtype_name]
+
+    def comm_underflow(self, grad_comm: GradComm) -> Underflow:
+        return DTYPE_UNDERFLOW[self.reduce_dtype_name]
 
     def grad_dtype_names(self) -> tuple[str, ...]:
         return (self.param_dtype_name,)
@@ -736,6 +799,7 @@ def autocast(dtype: torch.dtype | None, device: torch.device) -> Any:
 
 __all__ = [
     "ADAM_FP32", "ALL_REDUCE", "DDP", "FSDP1", "FSDP2", "NO_SCALING", "AllReduceHook", "CastHook", "CodecHook",
-    "FsdpUnit", "GradComm", "GradScaling", "HSDP", "INTER", "INTRA", "Layout", "LossScaling", "ModelState", "NO_LAYOUT", "NoLossScaling", "ShardedGradScaling",
-    "Sharding", "UnitShape", "ZeRO1", "default_bucket_numels", "merge_bytes", "unit_shapes",
+    "DTYPE_UNDERFLOW", "FsdpUnit", "GradComm", "GradScaling", "HSDP", "INTER", "INTRA", "Layout", "LossScaling",
+    "ModelState", "NO_LAYOUT", "NoLossScaling", "ShardedGradScaling", "Sharding", "Underflow", "UnitShape", "ZeRO1",
+    "default_bucket_numels", "merge_bytes", "unit_shapes",
 ]  # fmt: skip

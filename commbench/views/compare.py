@@ -21,11 +21,22 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from commbench.core import stats
-from commbench.views import report
+from commbench.core import plugins, stats
+from commbench.store.results import atomic_write_text
 from commbench.views.plots import FigureRegistry, grid, log2_size_axis, log_y_axis, no_math
-from commbench.views.report import Table, fmt
-from commbench.views.rundata import COLLECTIVE_ORDER, FP32_PRECISION, RunData, human_size, load_run, order, speed_rows
+from commbench.views.render import render_html, render_markdown
+from commbench.views.rundata import (
+    COLLECTIVE_ORDER,
+    FP32_PRECISION,
+    IMPORT_LAUNCHER,
+    WORLD_GROUP,
+    RunData,
+    human_size,
+    load_run,
+    order,
+    speed_rows,
+)
+from commbench.views.tables import Table, fmt
 
 __all__ = [
     "COMPARE_FIGURES",
@@ -55,6 +66,8 @@ FAIRNESS: list[tuple[str, str]] = [
     ("suite", "the suites differ (sizes, precisions or payloads)"),
     ("timing", "the timing settings differ (warmup, min time, repeats)"),
 ]
+RUN_SETTINGS = ("suite", "timing")
+"""FAIRNESS keys holding how commbench measured (too long to show; an nccl-tests import has neither)."""
 
 
 def resolve_labels(run_dirs: list[Path], labels: list[str] | None) -> list[str]:
@@ -87,14 +100,14 @@ def compare_warnings(runs: Sequence[RunData | Path | str], labels: list[str] | N
     labels = resolve_labels([r.run_dir for r in loaded], labels)
     runs = loaded
     out: list[str] = []
-    imported = [lab for lab, r in zip(labels, runs, strict=True) if r.metadata.get("launcher") == "import"]
+    imported = [lab for lab, r in zip(labels, runs, strict=True) if r.metadata.get("launcher") == IMPORT_LAUNCHER]
     for key, why in FAIRNESS:
-        if imported and key in ("suite", "timing"):
+        if imported and key in RUN_SETTINGS:
             continue  # an import has neither in commbench's sense; the import warning below says so
         vals = [r.metadata.get(key) for r in runs]
         # unknown (None) is not a difference: imports know no torch version, CPU runs no NCCL one
         if len({_canon(v) for v in vals if v is not None}) > 1:
-            if key in ("suite", "timing"):
+            if key in RUN_SETTINGS:
                 shown = ", ".join(labels)
             else:
                 shown = ", ".join(f"{lab}={v}" for lab, v in zip(labels, vals, strict=True))
@@ -115,7 +128,7 @@ def _points(run: RunData) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=[*ALIGN_KEYS, "busbw_gbps", "time_us", "effective_gbps"])
     df = speed_rows(df)
-    df = df.assign(group=df["group"].fillna("world") if "group" in df.columns else "world")
+    df = df.assign(group=df["group"].fillna(WORLD_GROUP) if "group" in df.columns else WORLD_GROUP)
     vals = [
         c
         for c in ("busbw_gbps", "time_us", "time_ci_low_us", "time_ci_high_us", "algbw_gbps", "effective_gbps")
@@ -207,7 +220,8 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
 
     A random-effects widening (DerSimonian-Laird over the sizes of a collective x precision) was tried and dropped:
     a real difference that varies with size (a busy core slows large messages more) reads as heterogeneity and
-    hides itself; on two identical quick runs the adjustment alone flags 2 of 77 ratios, 4 of 119 under load.
+    hides itself, while the adjustment alone keeps identical runs near its false discovery rate (figures:
+    benchmarks/results/2026-12-01_2core-vm_gloo.md).
     """
     a = labels[0]
     rows: list[dict[str, Any]] = []
@@ -402,12 +416,11 @@ def compare_runs(
     out.mkdir(parents=True, exist_ok=True)
     warns = compare_warnings(runs, labs)
     al = aligned(runs, labs)
+    plugins.load(builtins=False)  # a plugin's compare figures are drawn too (the built-in ones are below)
     # no plots/ folder when nothing aligns: the documents say so, and there is nothing to draw.
     written = COMPARE_FIGURES.write(Comparison(al, labs), out / "plots") if not al.empty else {}
     figures = [(n, COMPARE_FIGURES[n].caption, p["png"], p.get("svg")) for n, p in written.items()]
     rf = ratio_frame(al, labs, min_effect)
-    from commbench.store.results import atomic_write_text
-
     atomic_write_text(out / "compare.csv", rf.to_csv(index=False))
     sections = [
         ("runs", "Runs", [runs_table(runs, labs)]),
@@ -417,8 +430,8 @@ def compare_runs(
     ]
     title = f"commbench comparison: {' vs '.join(labs)}"
     html_path, md_path = out / "compare.html", out / "compare.md"
-    html_path.write_text(report.render_html(title, sections, figures, None, warns), encoding="utf-8")
-    md_path.write_text(report.render_markdown(title, sections, figures, None, out, warns), encoding="utf-8")
+    atomic_write_text(html_path, render_html(title, sections, figures, None, warns))
+    atomic_write_text(md_path, render_markdown(title, sections, figures, None, out, warns))
     result: dict[str, Path] = {"html": html_path, "md": md_path, "csv": out / "compare.csv"}
     for name, paths in written.items():
         for f, p in paths.items():

@@ -31,6 +31,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
+from commbench.core.units import human_bytes, human_rate, human_time
 from commbench.views.rundata import (
     FP32_PRECISION,
     PAYLOAD_ORDER,
@@ -38,10 +39,7 @@ from commbench.views.rundata import (
     as_tuple,
     collectives,
     has_values,
-    human_bytes,
-    human_rate,
     human_size,
-    human_time,
     load_run,
     memory_kind_text,
     order,

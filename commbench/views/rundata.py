@@ -16,28 +16,32 @@ from typing import Any
 
 import pandas as pd
 
+from commbench.core.records import CollectivePoint
 from commbench.store import results as res
 
 __all__ = [
     "COLLECTIVE_ORDER",
     "FP32_PRECISION",
+    "IMPORT_LAUNCHER",
     "PAYLOAD_ORDER",
     "SERIES_CANDIDATES",
     "RunData",
     "as_tuple",
     "collectives",
+    "has_intervals",
     "has_values",
-    "human_bytes",
-    "human_rate",
     "human_size",
-    "human_time",
     "load_run",
     "memory_kind_text",
+    "numeric",
     "order",
     "primary_payload",
+    "reference_precisions",
     "series_columns",
     "series_label",
+    "series_name",
     "speed_rows",
+    "WORLD_GROUP",
 ]
 
 COLLECTIVE_ORDER = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -46,6 +50,11 @@ PAYLOAD_ORDER = ("normal", "gradient", "outliers")
 # legend label when it actually varies, so ordinary runs keep short labels.
 SERIES_CANDIDATES = ("precision", "impl", "placement", "redop")
 FP32_PRECISION = "fp32"
+"""The baseline precision every speed-up and drift is measured against (the sweep's and training's reference)."""
+WORLD_GROUP: str = CollectivePoint.defaults()["group"]
+"""The group kind of a point measured on all ranks: the `group` column's default (runs from before groups)."""
+IMPORT_LAUNCHER = "import"
+"""metadata.json's `launcher` of a run imported from nccl-tests (commbench.store.nccl_import writes it)."""
 
 
 @dataclass(slots=True)
@@ -97,45 +106,6 @@ def human_size(n: float) -> str:
             v = n / scale
             return f"{v:.0f}{unit}" if float(v).is_integer() else f"{v:.3g}{unit}"
     return f"{n:.0f}B"
-
-
-def human_bytes(n: float) -> str:
-    """Bytes for a person: 1024-based with IEC names, 3 significant digits (65536 -> '64 KiB', 1.5e6 -> '1.43 MiB')."""
-    if n is None or not math.isfinite(n):
-        return ""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{_sig(n / scale)} {unit}"
-    return f"{n:.0f} B"
-
-
-def human_time(us: float) -> str:
-    """Microseconds for a person: '453 µs', '14.7 ms', '1.20 s' (3 significant digits)."""
-    if us is None or not math.isfinite(us):
-        return ""
-    if abs(us) >= 1e6:
-        return f"{_sig(us / 1e6)} s"
-    if abs(us) >= 1e3:
-        return f"{_sig(us / 1e3)} ms"
-    return f"{_sig(us)} µs"
-
-
-def human_rate(gbps: float) -> str:
-    """A bandwidth in GB/s (1e9 bytes/s, as nccl-tests) for a person: MB/s below 1 GB/s, 3 significant digits."""
-    if gbps is None or not math.isfinite(gbps):
-        return ""
-    if abs(gbps) < 1.0:
-        return f"{_sig(gbps * 1e3)} MB/s"
-    return f"{_sig(gbps)} GB/s"
-
-
-def _sig(v: float) -> str:
-    """3 significant digits without exponent for the magnitudes the human_* helpers produce (up to 1023)."""
-    if v == 0:
-        return "0"
-    digits = max(0, 2 - math.floor(math.log10(abs(v))))
-    text = f"{v:.{digits}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 MEMORY_KINDS = {
@@ -205,3 +175,36 @@ def collectives(df: pd.DataFrame) -> list[str]:
 def has_values(df: pd.DataFrame, col: str) -> bool:
     """True when `df` has column `col` with at least one numeric value."""
     return col in df.columns and pd.to_numeric(df[col], errors="coerce").notna().any()
+
+
+def numeric(df: pd.DataFrame, col: str) -> pd.Series:
+    """Column `col` as numbers (NaN for missing cells and text; all NaN when `df` has no such column)."""
+    return pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(math.nan, index=df.index)
+
+
+def has_intervals(df: pd.DataFrame) -> bool:
+    """True when `df` carries the 95 % interval of the speed-up over fp32 (imports and older runs do not)."""
+    return has_values(df, "gain_ci_low") and has_values(df, "gain_ci_high")
+
+
+def series_name(df: pd.DataFrame) -> pd.Series:
+    """precision plus whichever of impl/placement/redop varies within a precision (as in the plots)."""
+    cols = series_columns(df)
+    name = df["precision"].astype(str)
+    for c in cols[1:]:
+        name = name + " " + c + "=" + df[c].astype(str)
+    return name
+
+
+def reference_precisions(run: RunData) -> set[str]:
+    """Precisions in the results that the suite did not ask for: the sweep's own references (fp32 through the
+    chunked algorithm, which splits a codec's gain into algorithm and precision). They explain gains; they are
+    not candidates a user would choose."""
+    suite = run.metadata.get("suite") or {}
+    asked = {str(p).split(":", 1)[0] for p in suite.get("precisions") or []} | {
+        str(p) for p in suite.get("precisions") or []
+    }
+    df = run.results
+    if not asked or df.empty or "precision" not in df.columns:
+        return set()
+    return {str(p) for p in df["precision"].dropna().unique()} - asked - {FP32_PRECISION}

@@ -1,0 +1,30 @@
+"""torch.distributed calls by their newest name, for the world and for the collectives built on it.
+
+torch >= 2.10 renamed the tensor-in/tensor-out collectives (``*_single``) and deprecates the old names. A call is
+looked up when it is made, not once, so a wrapper installed later (``training.comm.CommCounter``) still sees it.
+torch is imported by the calls, never at module level: the collective registry reads its names without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+ALL_GATHER_OPS = ("all_gather_single", "all_gather_into_tensor")
+"""The all-gather into one tensor, newest name first."""
+
+
+def dist_op(*names: str) -> Callable[..., Any]:
+    """The first of ``names`` that torch.distributed has (newest name first)."""
+    import torch.distributed as dist
+
+    for name in names:
+        fn = getattr(dist, name, None)
+        if fn is not None:
+            return fn  # type: ignore[no-any-return]
+    raise AttributeError(f"torch.distributed has none of {names}")
+
+
+def all_gather_tensor(*args: Any, **kwargs: Any) -> Any:
+    """``all_gather_into_tensor(out, inp, ...)`` under the name this torch has."""
+    return dist_op(*ALL_GATHER_OPS)(*args, **kwargs)
