@@ -328,7 +328,7 @@ def _ddp(hooks: ModuleType, codec: str, mode: str) -> dict[str, Any]:
 
 def _fake_semantics() -> dict[str, int]:
     """The fake itself: joined by collect_all, the outputs are read before they land; waited one by one, after."""
-    from commbench.measure.collectives import all_gather_tensor
+    from commbench.cluster.dist_ops import all_gather_tensor
 
     n, rank = dist.get_world_size(), dist.get_rank()
     want = [torch.cat([torch.full((4,), float(10 * k + r)) for r in range(n)]) for k in range(2)]

@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from commbench.cluster import launch
 from commbench.measure.precision import torch_dtype
 from commbench.training.comm import bus_factor, dtype_name
 
@@ -557,9 +556,11 @@ class DDP(Sharding):
     def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
+        from commbench.cluster.launch import device_ids  # torch.distributed at module level: imported at use
+
         ddp = DistributedDataParallel(
             model,
-            device_ids=launch.device_ids(device),
+            device_ids=device_ids(device),
             gradient_as_bucket_view=True,  # grads are views of the buckets: no second 4*Psi copy
         )
         world.grad_comm.register(ddp)
