@@ -37,6 +37,7 @@ STABLE_NAMES = [
     "fsdp2_bf16_fp32reduce", "fsdp2_bf16", "fsdp2_fp16_scaler", "hsdp_fp32", "hsdp_bf16_fp32reduce", "hsdp_bf16",
     "fsdp1_bf16",
     "zero1_fp32", "zero1_bf16", "zero2_fp32", "zero2_bf16", "zero3_fp32", "zero3_bf16",
+    "tp_fp32", "tp_bf16",
 ]  # fmt: skip
 
 GPT: dict[str, Any] = {"model": "gpt", "steps": 2, "warmup_steps": 1, "batch_size": 4, "seq_len": 16, "d_model": 32,

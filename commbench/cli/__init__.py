@@ -476,10 +476,12 @@ def cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
     for name, path in available_suites().items():
         print(f"  {name:<16} {path}")
     try:
-        from commbench.training import list_policies
+        from commbench.training.policies import get_policy, list_policies
 
         print("training policies:")
-        print("  " + ", ".join(list_policies()))
+        for name in list_policies():
+            policy = get_policy(name)
+            print(f"  {name:<22} {policy.family:<6} {policy.description}")
     except ImportError:
         pass
     from commbench.views.plots import FIGURES

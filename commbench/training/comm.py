@@ -3,7 +3,8 @@
 `CommCounter` replaces the collective functions in the `torch.distributed` namespace while it is
 active. DDP comm hooks, FSDP1 (`_flat_param`, `_runtime_utils`), FSDP2 (`_fsdp_collectives`) and
 `ZeroRedundancyOptimizer` all call them as `dist.<op>(...)`, so each call is seen once, with its real
-tensors. Calls made *inside* `distributed_c10d` (e.g. `all_gather_into_tensor` forwarding to
+tensors. DTensor (tensor parallelism's redistributions, FSDP2's found-inf reduction under a scaler) calls the
+functional collectives instead (`torch.distributed._functional_collectives.<op>`): those are replaced too. Calls made *inside* `distributed_c10d` (e.g. `all_gather_into_tensor` forwarding to
 `all_gather_single`) resolve the module's own globals and are not seen twice; a re-entrancy depth
 guards the rest.
 
@@ -195,6 +196,41 @@ _PATCHES: dict[str, tuple[str, _SizeFn]] = {name: (op, size) for op, size, names
 """torch.distributed function name -> (the collective it issues, its size reader)."""
 
 
+def _funcol_group(group: Any) -> Any:
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    resolved = funcol._resolve_group(group)  # a group name in this torch
+    return _resolve_process_group(resolved) if isinstance(resolved, str) else resolved
+
+
+def _funcol(group_index: int, gathers: bool = False) -> _SizeFn:
+    """Size reader of a functional collective `f(self, ..., group)` (DTensor's redistributions: tensor
+    parallelism's all-reduces): the input, or for an all-gather the total output (input times the group size)."""
+
+    def size(a: tuple[Any, ...], k: dict[str, Any]) -> _Sizes:
+        group = _funcol_group(_arg(a, k, group_index, "group"))
+        sizes = _by_dtype(_tensors(_arg(a, k, 0, "self"))[:1])
+        if gathers:
+            n = _group_size(group)
+            sizes = [(b * n, dt) for b, dt in sizes]
+        return sizes, group
+
+    return size
+
+
+_FUNCOL_PATCHES: dict[str, tuple[str, _SizeFn]] = {
+    "all_reduce": ("all_reduce", _funcol(2)),
+    "all_gather_tensor": ("all_gather", _funcol(2, gathers=True)),
+    "all_gather_single": ("all_gather", _funcol(2, gathers=True)),
+    "reduce_scatter_tensor": ("reduce_scatter", _funcol(3)),
+    "reduce_scatter_single": ("reduce_scatter", _funcol(3)),
+    "all_to_all_single": ("all_to_all", _funcol(3)),
+}
+"""`torch.distributed._functional_collectives` function -> (collective, size reader): DTensor (`torch.distributed.tensor`,
+tensor parallelism) calls these as `funcol.<op>(...)`, which go to the c10d ops without `dist.<op>`."""
+
+
 class CommCounter:
     """Counts the collectives issued while active (`with counter:`), per "op:dtype".
 
@@ -214,6 +250,7 @@ class CommCounter:
         self.durations: list[float] = []
         """Timed mode: seconds of each counted call (groups of two or more ranks), in call order."""
         self._originals: dict[str, Any] = {}
+        self._funcol_originals: dict[str, Any] = {}
         self._local = threading.local()
         self._enabled = True
         self._timing: tuple[Callable[[], None], Callable[[], float]] | None = None  # (sync, clock) when timed
@@ -231,6 +268,14 @@ class CommCounter:
                 continue
             self._originals[name] = orig
             setattr(dist, name, self._wrap(orig, op, size_fn))
+        from torch.distributed import _functional_collectives as funcol
+
+        for name, (op, size_fn) in _FUNCOL_PATCHES.items():
+            orig = getattr(funcol, name, None)
+            if orig is None:
+                continue
+            self._funcol_originals[name] = orig
+            setattr(funcol, name, self._wrap(orig, op, size_fn))
         CommCounter._installed = self
         return self
 
@@ -240,6 +285,11 @@ class CommCounter:
         for name, orig in self._originals.items():
             setattr(dist, name, orig)
         self._originals.clear()
+        from torch.distributed import _functional_collectives as funcol
+
+        for name, orig in self._funcol_originals.items():
+            setattr(funcol, name, orig)
+        self._funcol_originals.clear()
         CommCounter._installed = None
 
     def _wrap(self, orig: Callable[..., Any], op: str, size_fn: _SizeFn) -> Callable[..., Any]:
@@ -257,7 +307,9 @@ class CommCounter:
                 sync()  # compute queued before the call (forward, backward) is not communication
                 t0 = clock()
                 work = orig(*args, **kwargs)
-                if work is not None and hasattr(work, "wait"):
+                if hasattr(work, "trigger_wait"):  # a functional collective's AsyncCollectiveTensor
+                    work.trigger_wait()
+                elif work is not None and hasattr(work, "wait"):
                     work.wait()  # the caller's own wait() on a completed Work returns at once
                 sync()
                 dt = clock() - t0

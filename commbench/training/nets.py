@@ -21,13 +21,14 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q = q.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2)
-        k = k.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2)
-        v = v.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2)
+        # Sizes from the qkv output and `n_heads`, not from x: under tensor parallelism each rank holds
+        # n_heads / tp whole heads of q, k and v (`tensor_parallel.py` sets `n_heads` and orders the rows).
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        h = self.n_heads
+        q, k, v = (z.reshape(b, t, h, z.shape[-1] // h).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class Block(nn.Module):

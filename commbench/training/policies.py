@@ -148,7 +148,11 @@ class Policy:
         )
         # the scaler's found-inf all-reduce runs on the whole world
         link = INTER if nodes > 1 else INTRA
-        split[link] = merge_bytes(self.loss_scaling.comm_bytes(world_size=world_size), split[link])
+        split[link] = merge_bytes(
+            self.loss_scaling.comm_bytes(world_size=world_size),
+            self.sharding.scaler_comm_bytes(self.loss_scaling, world_size),
+            split[link],
+        )
         return split
 
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:

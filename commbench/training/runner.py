@@ -207,7 +207,9 @@ class Nodes:
         return n % k == 0 and self.node_of_rank == tuple(r // (n // k) for r in range(n))
 
 
-def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: int, nodes: Nodes) -> Wrapped:
+def _wrap(
+    policy: Policy, model: nn.Module, device: torch.device, lr: float, n: int, nodes: Nodes, tokens: int = 0
+) -> Wrapped:
     sharding = policy.sharding
     if sharding.node_mesh and not nodes.node_major:
         raise ValueError(
@@ -219,10 +221,11 @@ def _wrap(policy: Policy, model: nn.Module, device: torch.device, lr: float, n: 
         buffer_bytes[key] = buffer_bytes.get(key, 0) + b.numel() * b.element_size()
     # Described before wrapping: FSDP replaces the parameters with flat or sharded ones.
     units = sharding.describe(model)
+    activations = sharding.describe_activations(model)
     wrapped, opt = sharding.wrap(
         model.to(device), device=device, lr=lr, world_size=n, grad_comm=policy.grad_comm, nodes=nodes.count
     )
-    layout = Layout(tuple(sharding.bucket_numels(wrapped)), units, buffer_bytes)
+    layout = Layout(tuple(sharding.bucket_numels(wrapped)), units, buffer_bytes, activations, tokens)
     return Wrapped(wrapped, opt, policy.loss_scaling.make(device), layout)
 
 
@@ -332,7 +335,7 @@ class PolicySession:
         # DDP's / FSDP's first collectives.
         model = self.agreed("building the model", self._build)
         self.w = self.agreed(
-            "wrapping the model", lambda: _wrap(policy, model, device, float(section.lr), self.n, self.nodes)
+            "wrapping the model", lambda: _wrap(policy, model, device, float(section.lr), self.n, self.nodes, self._tokens())
         )
         self.notes.extend(policy.grad_comm.notes())
         if policy.autocast is not None and not launch.on_cuda(device):
@@ -352,6 +355,18 @@ class PolicySession:
         self._share: list[int] | None = None
         self._durations: list[list[float]] = []  # per timed comm step: this rank's seconds per collective
         self._timed_bytes: list[dict[str, float]] = []  # per timed comm step: bus bytes by "op:dtype"
+
+    def _tokens(self) -> int:
+        """Tokens of one micro-batch of this rank's model (its data ranks' batches together)."""
+        ranks = self.policy.sharding.data_ranks(self.rank, self.n)
+        return len(ranks) * int(self.section.batch_size) * tokens_per_sample(self.section)
+
+    def batch(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step `s`'s (inputs, targets): the batches of the sharding's data ranks for this rank, concatenated."""
+        parts = [make_batch(self.section, r, s, self.device) for r in self.policy.sharding.data_ranks(self.rank, self.n)]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
 
     def _build(self) -> nn.Module:
         self.mem_base = memory_baseline(self.device)  # after the previous policy's model is gone
@@ -390,7 +405,7 @@ class PolicySession:
 
     def bare_step(self, s: int) -> None:
         """The step as a user's loop runs it: no clock, no counting, no statistics."""
-        x, y = make_batch(self.section, self.rank, s, self.device)
+        x, y = self.batch(s)
         self.train_step(x, y)
         self.w.optimizer.zero_grad(set_to_none=True)
 
@@ -400,7 +415,7 @@ class PolicySession:
         """One step with its clock (or the memory measurement), comm bytes and gradient statistics.
         `agree_forward`: agree on the forward across ranks (`train_step`; not for a step whose time is reported)."""
         w, device = self.w, self.device
-        x, y = make_batch(self.section, self.rank, s, device)
+        x, y = self.batch(s)
         scale_before = w.scaler.get_scale() if w.scaler is not None else 1.0
         box: list[torch.Tensor] = []
         self.counter.reset()
@@ -434,7 +449,7 @@ class PolicySession:
         """An extra step, after the measured ones, with every collective synchronous and timed
         (`CommCounter.timed`, with this session's `sync`): its durations make `comm_time_us`; it adds no row and
         no step time. `agree_forward`: agree on the forward across ranks (an uncounted, untimed collective)."""
-        x, y = make_batch(self.section, self.rank, s, self.device)
+        x, y = self.batch(s)
         self.counter.reset()
         with self.counter.timed(sync=self.sync):
             self.train_step(x, y, agree_forward=f"the forward of timed comm step {s}" if agree_forward else None)
@@ -469,19 +484,23 @@ class PolicySession:
     def _my_share(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's part of the gradient tensors for the statistics.
 
-        Sharded wrappers: all of its (local) shards. Replicated gradients (DDP, ZeRO-1) are identical
-        on every rank, so the ranks split the tensors between them (greedy by size, the same split
+        Sharded gradients: all of its (local) shards. Replicated gradients (DDP, ZeRO-1; tensor parallelism's
+        replicated parameters: `Sharding.replicated_grad`) are identical on every rank, so the ranks split those
+        tensors between them (greedy by size, the same split
         everywhere) and the sums add up across ranks: each rank does 1/n of the work.
         """
-        if not self.policy.sharding.replicated_grads or self.n == 1:
+        if self.n == 1:
             return grads
         if self._share is None:
+            sharding = self.policy.sharding
+            replicated = [sharding.replicated_grad(p) for p in self.w.model.parameters() if p.grad is not None]
             load = [0] * self.n
-            owner = [0] * len(grads)
+            owner = [self.rank] * len(grads)  # a shard is this rank's own
             for i in sorted(range(len(grads)), key=lambda i: -grads[i].numel()):
-                r = load.index(min(load))
-                owner[i] = r
-                load[r] += grads[i].numel()
+                if replicated[i]:
+                    r = load.index(min(load))
+                    owner[i] = r
+                    load[r] += grads[i].numel()
             self._share = [i for i, r in enumerate(owner) if r == self.rank]
         return [grads[i] for i in self._share]
 

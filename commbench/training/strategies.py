@@ -192,6 +192,10 @@ class Layout:
     """FSDP's units; empty: one resharded unit of Psi elements."""
     buffer_bytes: dict[str, int] = field(default_factory=dict)
     """Bytes of the model's buffers by nccl-tests dtype name (DDP re-broadcasts them every forward)."""
+    activations: tuple[tuple[str, int], ...] = ()
+    """Tensor parallelism: (style, features all-reduced) of each parallelised Linear (`Sharding.describe_activations`)."""
+    tokens: int = 0
+    """Tensor parallelism: tokens of one micro-batch as a tensor-parallel group computes it (b*s)."""
 
 
 NO_LAYOUT = Layout()
@@ -514,6 +518,10 @@ class Sharding(ABC):
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
         """Model-state bytes per rank at the step's peak."""
 
+    def scaler_comm_bytes(self, loss_scaling: LossScaling, world_size: int) -> dict[str, float]:
+        """Bus bytes per step the wrapper adds to a loss scaler's own (`LossScaling.comm_bytes`). Default: none."""
+        return {}
+
     def bucket_numels(self, wrapped: nn.Module) -> list[int]:
         """DDP's bucket sizes of a wrapped model (elements), or [] where there are none."""
         return []
@@ -525,6 +533,20 @@ class Sharding(ABC):
     def units(self, shapes: Sequence[UnitShape], world_size: int) -> list[FsdpUnit]:
         """The units as the formulas see them."""
         return []
+
+    def describe_activations(self, model: nn.Module) -> tuple[tuple[str, int], ...]:
+        """What a model-parallel sharding all-reduces per micro-batch token (`Layout.activations`), or ()."""
+        return ()
+
+    def data_ranks(self, rank: int, world_size: int) -> tuple[int, ...]:
+        """The ranks whose synthetic batches `rank` trains on, concatenated: its own (data parallel), or those of
+        its whole tensor-parallel group, so the group sees the tokens the data-parallel ranks it replaces see."""
+        return (rank,)
+
+    def replicated_grad(self, param: Any) -> bool:
+        """`param`'s gradient is the same on every rank after communication (the grad-norm statistics then count
+        it once over the ranks)."""
+        return self.replicated_grads
 
     def comm_dtype(self, grad_comm: GradComm) -> str:
         """Report name of the dtype the gradients are communicated in."""
@@ -725,6 +747,14 @@ class FSDP2(_Fsdp):
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(device.type, (world_size,))
+
+    def scaler_comm_bytes(self, loss_scaling: LossScaling, world_size: int) -> dict[str, float]:
+        """DTensor's own found-inf all-reduce (`found_inf_reduce_handler` of `_amp_foreach_non_finite_check_and_unscale_`
+        on sharded DTensor gradients): one fp32 element per step, beside the scaler's own."""
+        out: dict[str, float] = {}
+        if loss_scaling.scales:
+            _add(out, "all_reduce:float", bus_factor("all_reduce", world_size) * 4)
+        return out
 
     def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
