@@ -33,6 +33,19 @@ class TrainingConfig:
     n_layers: int = count(2, "blocks")
     n_heads: int = count(4, "attention heads for the gpt, a divisor of d_model")
     vocab: int = count(128, "vocabulary (gpt) or number of classes (mlp, convnet)", least=2)
+    tp_degree: int = count(
+        0,
+        "tensor-parallel degree of the tp_* policies (ranks per TP group; the rest of the world is data parallel); "
+        "0: the whole world",
+        least=0,
+    )
+    pp_degree: int = count(
+        0,
+        "pipeline-parallel degree of the pp_* policies (stages; the rest of the world is data parallel); 0: the "
+        "whole world",
+        least=0,
+    )
+    microbatches: int = count(4, "micro-batches per step of the pp_* policies (the per-rank batch is split into them)")
     seed: int = count(0, "seed for weights and data", least=0)
     lr: float = positive(1e-3, "AdamW learning rate")
     loss_multiplier: float = positive(1.0, "factor applied to the loss before backward (tiny values emulate tiny gradients)")
@@ -51,6 +64,9 @@ class TrainingConfig:
             raise ValueError(f"training.model={self.model!r} is not valid; valid: {', '.join(models.names())}")
         check_settings(self, "training")
         self.policies = _resolve_policies(self.policies)
+        if self.tp_degree == 1 or self.pp_degree == 1:
+            one = "tp_degree" if self.tp_degree == 1 else "pp_degree"
+            raise ValueError(f"training.{one}=1 is not valid; expected 0 (the whole world) or a degree >= 2")
         models.get(self.model).check(self)
 
     @classmethod

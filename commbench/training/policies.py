@@ -38,7 +38,7 @@ ZeRO stages in torch (family "zero"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -158,6 +158,12 @@ class Policy:
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
         """Model-state bytes per rank at the step's peak (see `Sharding.state_bytes`)."""
         return self.sharding.state_bytes(psi=psi, world_size=world_size, state=state, nodes=nodes)
+
+    def configure(self, section: Any) -> Policy:
+        """This policy for a suite's `[training]` table: its sharding configured (`Sharding.configure`: model-parallel
+        degrees, micro-batches); the policy itself where the sharding takes nothing from the table."""
+        sharding = self.sharding.configure(section)
+        return self if sharding is self.sharding else replace(self, sharding=sharding)
 
     def pitfalls(self) -> list[str]:
         """Warnings the configuration itself deserves, before any step runs."""

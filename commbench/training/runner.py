@@ -633,7 +633,8 @@ def run_policy(
 
     Every phase is agreed across ranks (module docstring): `PolicyFailed` on every rank when any rank failed.
     A measured step's agreement comes after its clock stopped; untimed steps also agree on their forward."""
-    sess = PolicySession(policy, section, device, nodes, sync)
+    # The suite's model-parallel degrees and micro-batches reach the policy's sharding here, once.
+    sess = PolicySession(policy.configure(section), section, device, nodes, sync)
     total = sess.warmup + int(section.steps)
     mem_step = sess.warmup - 1 if section.measure_memory else -1
     with sess.counter:

@@ -522,6 +522,11 @@ class Sharding(ABC):
         """Bus bytes per step the wrapper adds to a loss scaler's own (`LossScaling.comm_bytes`). Default: none."""
         return {}
 
+    def configure(self, section: Any) -> Sharding:
+        """The sharding a suite's `[training]` table asks for (`tp_degree`, `pp_degree`, `microbatches`): a
+        model-parallel sharding returns a copy with its degrees set; a data-parallel one takes nothing from it."""
+        return self
+
     def bucket_numels(self, wrapped: nn.Module) -> list[int]:
         """DDP's bucket sizes of a wrapped model (elements), or [] where there are none."""
         return []
