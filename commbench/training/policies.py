@@ -96,6 +96,9 @@ class Policy:
     """Loss scaler."""
     autocast_name: str | None = None
     """torch's name of the autocast compute dtype, or None for no autocast."""
+    reference: str | None = None
+    """The full-precision policy of the same parallelism this one's low-precision gain is measured against (e.g.
+    tp_bf16 -> tp_fp32); None for a reference itself (every policy is also compared with the fp32 DDP baseline)."""
 
     def __post_init__(self) -> None:
         if self.grad_comm != ALL_REDUCE and not self.sharding.takes_hooks:

@@ -464,6 +464,10 @@ class Sharding(ABC):
     takes_hooks: bool
     """DDP comm hooks apply (a GradComm other than the all-reduce is accepted)."""
 
+    parallelism: str = "dp"
+    """What splits the work over the ranks, as reports group policies: "dp" (data parallel: DDP, FSDP, ZeRO, HSDP),
+    "tp" (tensor parallel), "pp" (pipeline parallel), "tp+dp" / "pp+dp" for the 2-D layouts."""
+
     node_mesh: bool = False
     """Wraps on a (nodes x ranks-per-node) mesh: needs node-major rank order and as many ranks on every node."""
 

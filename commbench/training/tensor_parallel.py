@@ -103,6 +103,7 @@ class TensorParallel(Sharding):
     `grad_dtype_name` that of the backward's input gradients (the column-wise Linears' input dtype)."""
 
     kind: str = "tp"
+    parallelism: str = "tp"
     shards_grads: bool = True
     takes_hooks: bool = False
     act_dtype_name: str = FP32
@@ -197,6 +198,7 @@ _POLICIES = (
         description="tensor parallel over all ranks, autocast bf16: forward activations all-reduced in bf16",
         sharding=TensorParallel(act_dtype_name=BF16, grad_dtype_name=FP32),
         autocast_name=BF16,
+        reference="tp_fp32",
     ),
 )
 for _p in _POLICIES:
