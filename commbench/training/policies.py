@@ -179,25 +179,31 @@ _ddp, _zero = partial(Policy, family="ddp"), partial(Policy, family="zero")
 
 
 def _zero_fsdp1(stage: int, mode: str, **fsdp: Any) -> tuple[Policy, Policy]:
-    """`zero{stage}_fp32` and `zero{stage}_bf16`: ZeRO-2/3 as FSDP1 in ``mode``, fp32, then params/reduce bf16."""
+    """`zero{stage}_fp32` and `zero{stage}_bf16`: ZeRO-2/3 as FSDP1 in ``mode``, fp32, then params/reduce bf16
+    (its low-precision gain measured against the fp32 one)."""
     return (
         _zero(name=f"zero{stage}_fp32", description=f"ZeRO-{stage}: FSDP1 {mode}, fp32", sharding=FSDP1(**fsdp)),
         _zero(
             name=f"zero{stage}_bf16",
             description=f"ZeRO-{stage}: FSDP1 {mode}, params/reduce bf16",
             sharding=FSDP1(**fsdp, param_dtype_name=BF16, reduce_dtype_name=BF16),
+            reference=f"zero{stage}_fp32",
         ),
     )
 
 
-def _bf16_params(family: str, label: str, sharding: type[FSDP2], reduces: str) -> tuple[Policy, ...]:
-    """`{family}_bf16_fp32reduce` and `{family}_bf16`: bf16 parameters, gradients reduced in fp32, then in bf16."""
+def _bf16_params(
+    family: str, label: str, sharding: type[FSDP2], reduces: str, reference: str | None = None
+) -> tuple[Policy, ...]:
+    """`{family}_bf16_fp32reduce` and `{family}_bf16`: bf16 parameters, gradients reduced in fp32, then in bf16;
+    ``reference`` their full-precision twin (None: the family has none, the fp32 DDP baseline stands in)."""
     return tuple(
         Policy(
             name=f"{family}_bf16{suffix}",
             family=family,
             description=f"{label}, params bf16, {reduces} {SHORT[reduce_dtype]}",
             sharding=sharding(param_dtype_name=BF16, reduce_dtype_name=reduce_dtype),
+            reference=reference,
         )
         for suffix, reduce_dtype in (("_fp32reduce", FP32), ("", BF16))
     )
@@ -205,17 +211,37 @@ def _bf16_params(family: str, label: str, sharding: type[FSDP2], reduces: str) -
 
 _POLICIES: tuple[Policy, ...] = (
     _ddp(name="fp32", description="DDP, fp32 compute and all-reduce (baseline)"),
-    _ddp(name="amp_bf16", description="DDP, autocast bf16", autocast_name=BF16),
+    _ddp(name="amp_bf16", description="DDP, autocast bf16", autocast_name=BF16, reference="fp32"),
     _ddp(
-        name="amp_fp16", description="DDP, autocast fp16 + GradScaler", autocast_name=FP16, loss_scaling=GradScaling()
+        name="amp_fp16",
+        description="DDP, autocast fp16 + GradScaler",
+        autocast_name=FP16,
+        loss_scaling=GradScaling(),
+        reference="fp32",
     ),
-    _ddp(name="amp_fp16_noscaler", description="DDP, autocast fp16 without loss scaling (pitfall)", autocast_name=FP16),
-    _ddp(name="fp16_hook", description="DDP, fp32 compute, fp16 gradient all-reduce hook", grad_comm=CastHook(FP16)),
-    _ddp(name="bf16_hook", description="DDP, fp32 compute, bf16 gradient all-reduce hook", grad_comm=CastHook(BF16)),
+    _ddp(
+        name="amp_fp16_noscaler",
+        description="DDP, autocast fp16 without loss scaling (pitfall)",
+        autocast_name=FP16,
+        reference="fp32",
+    ),
+    _ddp(
+        name="fp16_hook",
+        description="DDP, fp32 compute, fp16 gradient all-reduce hook",
+        grad_comm=CastHook(FP16),
+        reference="fp32",
+    ),
+    _ddp(
+        name="bf16_hook",
+        description="DDP, fp32 compute, bf16 gradient all-reduce hook",
+        grad_comm=CastHook(BF16),
+        reference="fp32",
+    ),
     _ddp(
         name="fp8_hook",
         description="DDP, fp32 compute, fp8 e4m3 (scaled) gradient reduction hook",
         grad_comm=CodecHook("fp8_e4m3"),
+        reference="fp32",
     ),
     *_bf16_params("fsdp2", "FSDP2", FSDP2, "reduce-scatter"),
     Policy(
@@ -231,12 +257,13 @@ _POLICIES: tuple[Policy, ...] = (
         description="HSDP (FSDP2, shard within a node, replicate across nodes), fp32",
         sharding=HSDP(),
     ),
-    *_bf16_params("hsdp", "HSDP", HSDP, "gradient reduce-scatter and cross-node all-reduce"),
+    *_bf16_params("hsdp", "HSDP", HSDP, "gradient reduce-scatter and cross-node all-reduce", "hsdp_fp32"),
     Policy(
         name="fsdp1_bf16",
         family="fsdp1",
         description="FSDP1 FULL_SHARD, MixedPrecision(param bf16, reduce fp32, buffers bf16)",
         sharding=FSDP1(param_dtype_name=BF16, reduce_dtype_name=FP32, buffer_dtype_name=BF16),
+        reference="zero3_fp32",  # FSDP1 FULL_SHARD in fp32
     ),
     _zero(name="zero1_fp32", description="ZeRO-1: ZeroRedundancyOptimizer + DDP, fp32", sharding=ZeRO1()),
     _zero(
@@ -245,6 +272,7 @@ _POLICIES: tuple[Policy, ...] = (
         sharding=ZeRO1(),
         autocast_name=BF16,
         grad_comm=CastHook(BF16),
+        reference="zero1_fp32",
     ),
     *_zero_fsdp1(2, "SHARD_GRAD_OP", reshard_after_forward=False),
     *_zero_fsdp1(3, "FULL_SHARD"),
