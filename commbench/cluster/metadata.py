@@ -16,6 +16,7 @@ report at the end of the run (:func:`gather_transports`, :func:`add_transports`)
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -116,14 +117,36 @@ def kept_env(env: Mapping[str, str]) -> dict[str, str]:
 SYS_NET = Path("/sys/class/net")
 
 
-def nics(sys_net: Path = SYS_NET) -> list[dict[str, Any]]:
-    """This host's network interfaces: name and link speed in Mbit/s from ``/sys/class/net/*/speed`` (None where
-    the file is unreadable or says -1: virtual links, interfaces that are down)."""
+def shaped_rates(run: Any = subprocess.run) -> dict[str, float]:
+    """Interface -> the rate, Mbit/s, a root ``tbf`` qdisc shapes its egress to (``tc -j qdisc show``; an emulated
+    link's rate, :mod:`commbench.cluster.emulate`); empty where tc is missing or shapes nothing."""
+    exe = shutil.which("tc")
+    if exe is None:
+        return {}
+    try:
+        p = run([exe, "-j", "qdisc", "show"], capture_output=True, text=True, timeout=10)
+        items = json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else []
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
+    out: dict[str, float] = {}
+    for q in items if isinstance(items, list) else []:
+        rate = (q.get("options") or {}).get("rate") if isinstance(q, dict) else None
+        if q.get("kind") == "tbf" and q.get("root") and isinstance(rate, (int, float)) and rate > 0:
+            out[str(q.get("dev"))] = float(rate) * 8 / 1e6  # tc's JSON gives bytes per second
+    return out
+
+
+def nics(sys_net: Path = SYS_NET, shaped: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+    """This host's network interfaces: name, link speed in Mbit/s from ``/sys/class/net/*/speed`` (None where
+    the file is unreadable or says -1: interfaces that are down, some virtual ones), ``virtual`` (no device behind
+    it: loopback, veth, bridges), ``up`` (operstate), and ``shaped_mbps``, the ``tbf`` rate its egress is shaped
+    to (``shaped``, default :func:`shaped_rates`)."""
     out: list[dict[str, Any]] = []
     try:
         names = sorted(p.name for p in sys_net.iterdir())
     except OSError:
         return out
+    shaped = shaped_rates() if shaped is None else shaped
     for name in names:
         speed: int | None = None
         try:
@@ -131,8 +154,161 @@ def nics(sys_net: Path = SYS_NET) -> list[dict[str, Any]]:
             speed = v if v > 0 else None
         except (OSError, ValueError):  # EINVAL on virtual or down links
             pass
-        out.append({"name": name, "speed_mbps": speed})
+        try:
+            up = (sys_net / name / "operstate").read_text().strip() in ("up", "unknown")
+        except OSError:
+            up = True
+        virtual = name == "lo" or "/devices/virtual/" in str((sys_net / name).resolve()) or not (sys_net / name / "device").exists()
+        out.append({"name": name, "speed_mbps": speed, "virtual": virtual, "up": up, "shaped_mbps": shaped.get(name)})
     return out
+
+
+IFNAME_ENV = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+"""The variable naming the interfaces a backend sends through (NCCL's syntax: ``eth``, a prefix; ``=eth0``,
+exactly; ``^docker``, all but those)."""
+SPREADS = {"gloo": False, "nccl": True}
+"""Whether a backend drives all of a node's fastest NICs at once (NCCL: one ring per NIC) or one (gloo)."""
+
+
+def _named(name: str, spec: str) -> bool:
+    items = [s.strip() for s in spec.lstrip("^").split(",") if s.strip()]
+    hit = any(name == s[1:] if s.startswith("=") else name.startswith(s) for s in items)
+    return not hit if spec.startswith("^") else hit
+
+
+def mbps_text(mbps: float) -> str:
+    """A line rate as people write it: ``400 Gb/s``, ``200 Mb/s``."""
+    return f"{mbps / 1000:g} Gb/s" if mbps >= 1000 else f"{mbps:g} Mb/s"
+
+
+def node_link(node_nics: Sequence[Mapping[str, Any]], env: Mapping[str, str], backend: str) -> dict[str, Any]:
+    """The network link a node's inter-node traffic leaves by: ``gbps`` (GB/s, 1e9 bytes: the sum of the line
+    rates of the NICs used), ``label`` (``8 × 400 Gb/s (ib0-ib7)``, ``1 × 200 Mb/s tbf (eth0)``) and ``nics``.
+
+    The NICs: those named by the backend's :data:`IFNAME_ENV` variable, else the node's physical (or shaped) NICs
+    that are up; of those the fastest ones, all of them where the backend spreads over NICs (:data:`SPREADS`), one
+    otherwise. A NIC's rate is its line rate, or the ``tbf`` rate where that is lower. ``gbps`` None when no NIC
+    has a known rate."""
+    spec = env.get(IFNAME_ENV.get(backend, ""), "")
+    rated = []
+    for n in node_nics:
+        name, speed, shaped = str(n.get("name")), n.get("speed_mbps"), n.get("shaped_mbps")
+        rates = [float(r) for r in (speed, shaped) if isinstance(r, (int, float)) and r > 0]
+        if not rates or name == "lo" or not n.get("up", True):
+            continue
+        if spec and not _named(name, spec):
+            continue
+        if not spec and n.get("virtual") and not shaped:
+            continue  # bridges, veths, docker0: not where a node's traffic leaves
+        rated.append((name, min(rates), isinstance(shaped, (int, float)) and 0 < shaped <= min(rates)))
+    if not rated:
+        why = f"no NIC named by {IFNAME_ENV[backend]}={spec} has a known rate" if spec else "no NIC with a known rate"
+        return {"gbps": None, "label": why, "nics": []}
+    top = max(r for _, r, _ in rated)
+    used = [x for x in rated if x[1] == top]
+    used = used if SPREADS.get(backend, False) else used[:1]
+    names = ", ".join(n for n, _, _ in used)
+    tbf = " tbf" if any(s for _, _, s in used) else ""
+    return {"gbps": len(used) * top * 1e6 / 8 / 1e9, "label": f"{len(used)} × {mbps_text(top)}{tbf} ({names})",
+            "nics": [n for n, _, _ in used]}  # fmt: skip
+
+
+NVLINK_GBPS = {"pascal": 20.0, "volta": 25.0, "ampere": 25.0, "hopper": 25.0, "blackwell": 50.0}
+"""GB/s per NVLink link and direction by GPU architecture (NVIDIA's data sheets: P100 160 GB/s over 4 links,
+V100 300 GB/s over 6, A100 600 GB/s over 12, H100 900 GB/s over 18, B200 1.8 TB/s over 18, all counted in
+both directions)."""
+PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+"""GB/s per lane and direction by PCIe generation (2.5/5 GT/s with 8b/10b; 8/16/32 GT/s with 128b/130b; 64 GT/s
+PAM4 with FLIT: 242/256 of 8 GB/s)."""
+
+
+def gpu_link_gbps(arch: str | None, nvlinks: int, pcie_gen: int | None, pcie_width: int | None) -> tuple[float | None, str]:
+    """The link a GPU's intra-node traffic crosses, GB/s per direction, and its label: its active NVLinks
+    (``18 × NVLink hopper``) where it has any, else its PCIe link (``PCIe gen4 x16``); None where unknown."""
+    if nvlinks > 0 and arch in NVLINK_GBPS:
+        return nvlinks * NVLINK_GBPS[arch], f"{nvlinks} × NVLink ({arch}, {NVLINK_GBPS[arch]:g} GB/s each)"
+    if pcie_gen in PCIE_GBPS_PER_LANE and pcie_width:
+        return PCIE_GBPS_PER_LANE[pcie_gen] * pcie_width, f"PCIe gen{pcie_gen} x{pcie_width}"
+    return None, "GPU link unknown (no NVML)"
+
+
+def gpu_link(index: int) -> tuple[float | None, str]:
+    """:func:`gpu_link_gbps` of local GPU ``index`` as NVML reports it (architecture, NVLinks whose state is
+    active, PCIe generation the GPU supports and the width it trained at); (None, why) where NVML cannot say."""
+    try:
+        import pynvml as nv
+
+        nv.nvmlInit()
+    except Exception:
+        return None, "GPU link unknown (no NVML)"
+    try:
+        h = nv.nvmlDeviceGetHandleByIndex(index)
+        arch_code = nv.nvmlDeviceGetArchitecture(h)
+        arch = next((k for k in NVLINK_GBPS if getattr(nv, f"NVML_DEVICE_ARCH_{k.upper()}", None) == arch_code), None)
+        links = 0
+        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                links += int(nv.nvmlDeviceGetNvLinkState(h, link) == getattr(nv, "NVML_FEATURE_ENABLED", 1))
+            except Exception:  # not supported, or past the GPU's last link
+                break
+        gen = width = None
+        try:
+            gen = int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h))
+            width = int(nv.nvmlDeviceGetCurrPcieLinkWidth(h))
+        except Exception:
+            pass
+        return gpu_link_gbps(arch, links, gen, width)
+    except Exception as e:
+        return None, f"GPU link unknown ({type(e).__name__})"
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+
+
+NO_LINK = "none: the group's ranks share one host without a GPU link (shared memory / loopback)"
+"""``link`` of a point whose traffic crosses no link that has a rate (gloo ranks on one host)."""
+
+
+def rank_link_facts(backend: str, gpu_index: int | None) -> dict[str, Any]:
+    """What one rank reports for ``link_util``: its node's inter-node link (:func:`node_link`) and, on a GPU, the
+    GPU's own intra-node link (:func:`gpu_link`); cheap (``/sys``, one ``tc`` call, NVML), so every rank asks."""
+    intra = gpu_link(gpu_index) if gpu_index is not None else (None, NO_LINK)
+    return {"inter": node_link(nics(), os.environ, backend), "intra": list(intra)}
+
+
+def group_link(facts: Sequence[Mapping[str, Any]], hosts: Sequence[str], parts: Sequence[Sequence[int]],
+               members: Sequence[int]) -> dict[str, Any]:  # fmt: skip
+    """The link a group's busbw is measured against: ``gbps`` (GB/s, None where there is none or it is
+    unknown), ``label`` and ``host`` (the node whose link limits it, "" within a node).
+
+    ``facts``: every rank's :func:`rank_link_facts`; ``hosts``: every rank's host; ``parts``: every group of the
+    kind (they run at once); ``members``: this group's ranks. A group over several nodes is limited by the
+    slowest node's link divided among the kind's groups that cross that node's link at once (one for the world,
+    one per local rank for ``inter``): its ring leaves every node once per group, as NCCL's rings leave by one
+    NIC each, so the world's busbw can reach the node's summed NIC rate (nccl #812: 192 GB/s on 8 × 200 Gb/s).
+    A group within one node is limited by its slowest GPU's NVLink or PCIe link; on CPU it has none."""
+    on = sorted({hosts[r] for r in members})
+    if len(on) > 1:
+        avail: list[tuple[float, str, str]] = []
+        for h in on:
+            first = next(r for r, x in enumerate(hosts) if x == h)
+            link = facts[first].get("inter") or {}
+            share = sum(1 for p in parts if len({hosts[r] for r in p}) > 1 and any(hosts[r] == h for r in p))
+            if link.get("gbps") is None:
+                return {"gbps": None, "label": f"inter-node, {h}: {link.get('label', 'unknown')}", "host": h}
+            shared = f" shared by {share} groups" if share > 1 else ""
+            avail.append((float(link["gbps"]) / max(share, 1), f"{link['label']}{shared}", h))
+        rate, label, host = min(avail)
+        slow = f"; slowest of {len(on)} nodes (fastest {max(avail)[0]:.4g} GB/s)" if max(avail)[0] > rate else ""
+        return {"gbps": rate, "label": f"inter-node: {label} on {host}{slow}", "host": host}
+    gpus = [tuple(facts[r].get("intra") or (None, NO_LINK)) for r in members]
+    known = [(float(g), str(t)) for g, t in gpus if g is not None]
+    if not known:
+        return {"gbps": None, "label": str(gpus[0][1]) if gpus else NO_LINK, "host": ""}
+    rate, label = min(known)
+    return {"gbps": rate, "label": f"intra-node: {label}", "host": ""}
 
 
 def nvidia_topology(timeout: float = 20) -> str | None:
@@ -201,6 +377,8 @@ def gather_nodes(d: Any) -> list[dict[str, Any]]:
     from commbench.cluster.launch import gpu_facts, node_leader, rank_cores
 
     mine = node_facts() if node_leader(d) else {"host": d.host}
+    if "nics" in mine:  # the NICs this backend's inter-node traffic leaves by (link_util's denominator)
+        mine["link"] = node_link(mine["nics"], os.environ, d.backend)
     mine["cores"] = rank_cores()
     mine["gpu"] = gpu_facts(d.device, d.backend)
     mine["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")

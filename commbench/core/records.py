@@ -218,6 +218,10 @@ class CollectivePoint(Record):
     busbw_gbps: float = col("bus bandwidth, GB/s: algbw times the collective's nccl-tests bus factor")
     busbw_ci_low_gbps: float = col("lower end of busbw's 95 % interval, GB/s (from time_ci_high_us)", NAN)
     busbw_ci_high_gbps: float = col("upper end of busbw's 95 % interval, GB/s (from time_ci_low_us)", NAN)
+    link_gbps: float = col("rate of the link the group's traffic is limited by, GB/s per direction: the slowest node's NICs (line or tbf rate) shared among the groups crossing it, or within a node the GPUs' NVLink / PCIe; NaN where none (CPU ranks on one host)", NAN)
+    link_util: float = col("busbw_gbps / link_gbps: the fraction of the link the point reaches (NaN without a link)", NAN)
+    link: str = col("that link in words (inter-node: 8 × 400 Gb/s (ib0, ...) on host; intra-node: 18 × NVLink; or why there is none)", "")
+    link_host: str = col("the node whose link limits the group (its slowest), empty within a node", "")
     encode_us: float = col("per-op encode time, microseconds (0 for native precisions)")
     comm_us: float = col("per-op collective time, microseconds (= time_us)")
     decode_us: float = col("per-op decode time, microseconds (0 for native precisions)")
@@ -315,6 +319,14 @@ class TrainingSummary(Record):
 
     policy: str = col("stable policy name (commbench.training.policies)")
     family: str = col("policy family: ddp, fsdp1, fsdp2, hsdp or zero")
+    parallelism: str | None = col(
+        "what splits the work over the ranks: dp (data parallel), tp (tensor), pp (pipeline), tp+dp or pp+dp", None
+    )
+    reference_policy: str | None = col(
+        "full-precision policy this one's low-precision gain is measured against, of the same parallelism (the fp32 "
+        "DDP baseline where the policy has no full-precision twin); empty for a full-precision policy",
+        None,
+    )
     description: str = col("one-line description of the policy")
     comm_dtype: str = col("dtype the gradients are communicated in (fp32, bf16, fp16, fp8_e4m3)")
     model: str = col("model trained: gpt, mlp or convnet")

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from commbench.cluster.launch import Dist
+from commbench.cluster.metadata import group_link, rank_link_facts
 from commbench.core import stats
 from commbench.core.records import CollectivePoint, RankPoint
 from commbench.core.suite import SuiteConfig
@@ -141,6 +142,8 @@ class Sweep:
         self.suite = suite
         self.d = d
         self._subgroups: dict[str, SubGroup] = {}
+        self._link_facts: list[Any] | None = None
+        self._links: dict[str, dict[str, Any]] = {}
         self.unavailable: list[dict[str, str]] = []
         """Points skipped at run time, once per (precision, collective, group): ``precision``, ``collective``,
         ``group`` and ``reason`` (the :class:`~commbench.measure.precision.Unsupported` message), for the metadata."""
@@ -149,7 +152,18 @@ class Sweep:
         """This rank's communicator group of ``kind``, created on first use (by every rank, in the same order)."""
         if kind not in self._subgroups:
             self._subgroups[kind] = build(get_group_kind(kind), self.d.hosts, self.d.backend)
+            self._links[kind] = self._group_link(kind, self._subgroups[kind])
         return self._subgroups[kind]
+
+    def _group_link(self, kind: str, sg: SubGroup) -> dict[str, Any]:
+        """The link ``kind``'s groups are measured against (``link_util``): every rank's link facts, gathered once
+        (a collective: every rank builds its subgroups in the same order), then the group's rule
+        (:func:`commbench.cluster.metadata.group_link`)."""
+        if self._link_facts is None:
+            gpu = self.d.device.index if self.d.device.type == "cuda" else None
+            self._link_facts = self.d.gather_object(rank_link_facts(self.d.backend, gpu))
+        hosts = list(self.d.hosts)
+        return group_link(self._link_facts, hosts, get_group_kind(kind).partition(hosts), sg.ranks)
 
     def group_kinds(self) -> list[str]:
         return [g for g in self.suite.groups if unusable(get_group_kind(g), self.d.hosts) is None]
@@ -386,6 +400,7 @@ class Sweep:
         ag = algo_gain if algo_gain is not None else stats.Estimate(float("nan"), float("nan"), float("nan"), 0)
         pg = prec_gain if prec_gain is not None else stats.Estimate(float("nan"), float("nan"), float("nan"), 0)
         is_base = prec.name == BASELINE
+        link = self._links.get(sg.kind.name) or {}
         return CollectivePoint(
             collective=coll.name,
             precision=prec.name,
@@ -420,6 +435,10 @@ class Sweep:
             busbw_gbps=algbw * bus,
             busbw_ci_low_gbps=bw(wire_bytes, comm.high) * bus,
             busbw_ci_high_gbps=bw(wire_bytes, comm.low) * bus,
+            link_gbps=math.nan if link.get("gbps") is None else float(link["gbps"]),
+            link_util=math.nan if link.get("gbps") is None else algbw * bus / float(link["gbps"]),
+            link=str(link.get("label", "")),
+            link_host=str(link.get("host", "")),
             encode_us=us(enc_s),
             comm_us=us(comm.value),
             decode_us=us(dec_s),

@@ -1,0 +1,122 @@
+"""link_util's denominator: which link a group crosses and its rate, against line rates written out by hand
+(Gb/s -> GB/s: divide by 8), the data sheets' NVLink totals and PCIe's per-lane rates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commbench.cluster.metadata import (
+    NO_LINK,
+    gpu_link_gbps,
+    group_link,
+    nics,
+    node_link,
+    shaped_rates,
+)
+from commbench.measure.groups import get_group_kind
+
+
+def nic(name: str, mbps: int | None, *, virtual: bool = False, shaped: float | None = None, up: bool = True) -> dict[str, Any]:
+    return {"name": name, "speed_mbps": mbps, "virtual": virtual, "shaped_mbps": shaped, "up": up}
+
+
+def test_node_link_nccl_spreads_over_the_fastest_nics_gloo_takes_one() -> None:
+    node = [nic("eno1", 100_000), *(nic(f"ib{i}", 400_000) for i in range(8)), nic("docker0", None, virtual=True)]
+    nccl = node_link(node, {}, "nccl")
+    assert nccl["gbps"] == pytest.approx(8 * 400e9 / 8 / 1e9)  # 8 x 400 Gb/s = 400 GB/s
+    assert nccl["label"].startswith("8 × 400 Gb/s") and nccl["nics"] == [f"ib{i}" for i in range(8)]
+    gloo = node_link(node, {}, "gloo")
+    assert gloo["gbps"] == pytest.approx(50.0) and gloo["nics"] == ["ib0"]
+    # named by the backend's variable: that NIC, even when a faster one exists (NCCL syntax: prefix, =exact, ^not)
+    assert node_link(node, {"GLOO_SOCKET_IFNAME": "eno1"}, "gloo")["gbps"] == pytest.approx(12.5)
+    assert node_link(node, {"NCCL_SOCKET_IFNAME": "=ib3"}, "nccl")["nics"] == ["ib3"]
+    assert node_link(node, {"NCCL_SOCKET_IFNAME": "^ib"}, "nccl")["nics"] == ["eno1"]
+    none = node_link([nic("lo", None, virtual=True)], {}, "gloo")
+    assert none["gbps"] is None and "no NIC" in none["label"]
+
+
+def test_a_shaped_link_reads_as_its_tbf_rate() -> None:
+    # an emulated node: a veth (virtual, 10 Gb/s) shaped to 200 Mbit/s by tbf, named by GLOO_SOCKET_IFNAME
+    link = node_link([nic("eth0", 10_000, virtual=True, shaped=200.0), nic("lo", None, virtual=True)],
+                     {"GLOO_SOCKET_IFNAME": "eth0"}, "gloo")  # fmt: skip
+    assert link["gbps"] == pytest.approx(200e6 / 8 / 1e9)  # 0.025 GB/s
+    assert "200 Mb/s tbf" in link["label"]
+    # a tbf above the line rate does not raise it
+    assert node_link([nic("eth0", 1000, shaped=5000.0)], {}, "gloo")["gbps"] == pytest.approx(0.125)
+
+
+def test_shaped_rates_reads_tc_json_in_bytes_per_second() -> None:
+    out = [
+        {"kind": "tbf", "handle": "8001:", "dev": "eth0", "root": True, "options": {"rate": 25_000_000}},
+        {"kind": "noqueue", "handle": "0:", "dev": "lo", "root": True, "options": {}},
+        {"kind": "tbf", "handle": "8002:", "dev": "eth1", "root": False, "options": {"rate": 1}},  # not root
+    ]
+
+    def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        assert argv[1:] == ["-j", "qdisc", "show"]
+        return subprocess.CompletedProcess(argv, 0, json.dumps(out), "")
+
+    assert shaped_rates(run) == {"eth0": pytest.approx(200.0)}  # 25e6 B/s = 200 Mbit/s
+
+
+def test_nics_reads_speed_operstate_and_whether_a_device_is_behind(tmp_path: Path) -> None:
+    for name, speed, state, dev in (("eth0", "25000", "up", True), ("br0", "-1", "up", False), ("eth1", "x", "down", True)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "speed").write_text(speed + "\n")
+        (d / "operstate").write_text(state + "\n")
+        if dev:
+            (d / "device").mkdir()
+    got = {n["name"]: n for n in nics(tmp_path, shaped={"eth0": 100.0})}
+    assert got["eth0"] == {"name": "eth0", "speed_mbps": 25000, "virtual": False, "up": True, "shaped_mbps": 100.0}
+    assert got["br0"]["virtual"] and got["br0"]["speed_mbps"] is None
+    assert not got["eth1"]["up"] and got["eth1"]["speed_mbps"] is None
+
+
+def test_gpu_links_from_generation_and_count() -> None:
+    # H100 SXM: 900 GB/s over 18 links counted both ways -> 450 GB/s per direction
+    assert gpu_link_gbps("hopper", 18, 5, 16)[0] == pytest.approx(450.0)
+    assert gpu_link_gbps("ampere", 12, 4, 16)[0] == pytest.approx(300.0)  # A100: 600 GB/s both ways
+    assert gpu_link_gbps("blackwell", 18, 6, 16)[0] == pytest.approx(900.0)
+    # no NVLink: PCIe gen4 x16 = 16 GT/s x 128/130 / 8 bits x 16 lanes = 31.5 GB/s
+    rate, label = gpu_link_gbps(None, 0, 4, 16)
+    assert rate == pytest.approx(16 * 128 / 130 / 8 * 16, rel=1e-3) and label == "PCIe gen4 x16"
+    assert gpu_link_gbps(None, 0, 5, 8)[0] == pytest.approx(32 * 128 / 130 / 8 * 8, rel=1e-3)
+    assert gpu_link_gbps(None, 0, None, None)[0] is None
+
+
+def facts(rate_gbps: float | None, label: str = "1 × 200 Mb/s") -> dict[str, Any]:
+    return {"inter": {"gbps": rate_gbps, "label": label, "nics": ["eth0"]}, "intra": [None, NO_LINK]}
+
+
+def test_group_link_world_inter_and_intra() -> None:
+    hosts = ["a", "a", "b", "b"]  # 2 nodes x 2 ranks, node by node
+    f = [facts(0.025), facts(0.025), facts(0.025), facts(0.025)]
+    world = group_link(f, hosts, get_group_kind("world").partition(hosts), [0, 1, 2, 3])
+    assert world["gbps"] == pytest.approx(0.025) and world["label"].startswith("inter-node")
+    # two inter groups ({0,2} and {1,3}) cross each node's link at once: half of it each
+    inter = group_link(f, hosts, get_group_kind("inter").partition(hosts), [0, 2])
+    assert inter["gbps"] == pytest.approx(0.0125) and "shared by 2 groups" in inter["label"]
+    intra = group_link(f, hosts, get_group_kind("intra").partition(hosts), [0, 1])
+    assert intra["gbps"] is None and intra["label"] == NO_LINK and intra["host"] == ""
+
+
+def test_group_link_names_the_slowest_node() -> None:
+    hosts = ["a", "b", "c"]
+    f = [facts(0.025), facts(0.00625, "1 × 50 Mb/s tbf (eth0)"), facts(0.025)]
+    link = group_link(f, hosts, [[0, 1, 2]], [0, 1, 2])
+    assert link["gbps"] == pytest.approx(50e6 / 8 / 1e9) and link["host"] == "b"
+    assert "on b" in link["label"] and "slowest of 3 nodes" in link["label"]
+    unknown = group_link([facts(0.025), facts(None, "no NIC with a known rate")], ["a", "b"], [[0, 1]], [0, 1])
+    assert unknown["gbps"] is None and unknown["host"] == "b"
+
+
+def test_group_link_on_gpus_takes_the_slowest_gpu() -> None:
+    f = [{"inter": {}, "intra": [450.0, "18 × NVLink"]}, {"inter": {}, "intra": [31.5, "PCIe gen4 x16"]}]
+    link = group_link(f, ["a", "a"], [[0, 1]], [0, 1])
+    assert link["gbps"] == 31.5 and link["label"] == "intra-node: PCIe gen4 x16"
