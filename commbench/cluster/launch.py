@@ -101,21 +101,35 @@ def detect_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
         )
     for prefix in ("OMPI_COMM_WORLD_", "PMI_"):
         if f"{prefix}RANK" in env and _int(env, f"{prefix}SIZE", 1) > 1:
-            addr = env.get("MASTER_ADDR")
+            world_size = _int(env, f"{prefix}SIZE")
+            local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", _int(env, "MPI_LOCALNRANKS", 1))
+            # MPI names no rendezvous host; when every rank is on this node it is this node (`mpirun -np 2` works
+            # as it is), across nodes the user says which (mpirun starts rank 0 where its hostfile says)
+            addr = env.get("MASTER_ADDR") or ("127.0.0.1" if local_size == world_size else None)
             if not addr:
                 raise ValueError(
-                    "MPI world detected but MASTER_ADDR is not set: export MASTER_ADDR (rank 0's host) and MASTER_PORT"
+                    f"MPI world across nodes ({local_size} of {world_size} ranks on this one) but MASTER_ADDR is not "
+                    "set: export MASTER_ADDR (rank 0's host), e.g. mpirun -x MASTER_ADDR=node01"
                 )
             return WorldInfo(
                 rank=_int(env, f"{prefix}RANK"),
-                world_size=_int(env, f"{prefix}SIZE"),
+                world_size=world_size,
                 local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", _int(env, "MPI_LOCALRANKID", 0)),
-                local_world_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", _int(env, "MPI_LOCALNRANKS", 1)),
+                local_world_size=local_size,
                 master_addr=addr,
-                master_port=_int(env, "MASTER_PORT", 29500),
+                master_port=_int(env, "MASTER_PORT", _mpi_job_port(env)),
                 launcher="mpi",
             )
     return None
+
+
+def _mpi_job_port(env: Mapping[str, str]) -> int:
+    """The rendezvous port of an MPI job without MASTER_PORT: derived from Open MPI's job id (the same on every
+    rank of one ``mpirun``, different for two ``mpirun`` at once), as the Slurm port is from the job id; a fixed
+    port (29500, torchrun's) would make two jobs on one node, or a job beside a torchrun, meet in one store.
+    Other MPIs name no job id here: 29500."""
+    job = env.get("OMPI_MCA_ess_base_jobid", "")
+    return 20000 + int(job) % 20000 if job.isdigit() else 29500
 
 
 def has_gpus() -> int:
