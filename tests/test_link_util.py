@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,44 @@ def test_group_link_on_gpus_takes_the_slowest_gpu() -> None:
     f = [{"inter": {}, "intra": [450.0, "18 × NVLink"]}, {"inter": {}, "intra": [31.5, "PCIe gen4 x16"]}]
     link = group_link(f, ["a", "a"], [[0, 1]], [0, 1])
     assert link["gbps"] == 31.5 and link["label"] == "intra-node: PCIe gen4 x16"
+
+
+def test_link_phrase_and_finding_state_the_largest_size_with_its_interval() -> None:
+    import pandas as pd
+
+    from commbench.core.records import link_phrase
+    from commbench.core.units import human_bytes
+    from commbench.views.findings import link_findings
+
+    rate = 8 * 400e9 / 8 / 1e9  # 8 x 400 Gb/s = 400 GB/s
+    label = "inter-node: 8 × 400 Gb/s (ib0, ib1, ib2, ib3, ib4, ib5, ib6, ib7) on n3"
+    rows = [
+        {"collective": "all_reduce", "precision": "fp32", "group": "world", "payload": "normal", "size_bytes": s,
+         "busbw_gbps": bw, "busbw_ci_low_gbps": bw - 4, "busbw_ci_high_gbps": bw + 4, "link_gbps": rate,
+         "link_util": bw / rate, "link": label, "link_host": "n3"}
+        for s, bw in ((1 << 20, 100.0), (1 << 30, 368.0))
+    ] + [{"collective": "all_reduce", "precision": "fp32", "group": "intra", "payload": "normal", "size_bytes": 1 << 30,
+          "busbw_gbps": 1.0, "link_gbps": math.nan, "link_util": math.nan, "link": NO_LINK, "link_host": ""}]  # fmt: skip
+    phrase = link_phrase(rows[1], human_bytes)
+    # 368 / 400 = 0.92; interval (368 -+ 4) / 400
+    assert phrase == (
+        "inter-node all_reduce fp32 reaches 0.92 [0.91-0.93] of 8 × 400 Gb/s (ib0, ib1, ib2, ib3, ib4, ib5, ib6, "
+        "ib7) on n3 at 1 GiB"
+    ), phrase
+    assert link_phrase(rows[2], human_bytes) == ""
+    found = link_findings(pd.DataFrame(rows))
+    assert found[0] == phrase[0].upper() + phrase[1:] + "."  # the largest size, not the 1 MiB point
+    assert found[1] == f"No link_util for the intra group ({NO_LINK})."
+
+
+def test_console_prints_the_link_and_a_link_column(capsys: pytest.CaptureFixture[str]) -> None:
+    from commbench.measure.console import PointPrinter
+
+    row = {"collective": "all_reduce", "backend": "gloo", "world_size": 2, "nodes": 2, "payload": "normal",
+           "size_bytes": 4 << 20, "count": 1 << 20, "dtype": "float", "time_us": 200_000.0, "algbw_gbps": 0.02097,
+           "busbw_gbps": 0.02097, "wrong": 0, "precision": "fp32", "link_gbps": 0.025, "link_util": 0.8389,
+           "link": "inter-node: 1 × 200 Mb/s tbf (eth0) on h1", "link_host": "h1"}  # fmt: skip
+    PointPrinter(width=100).row(row, "sum")
+    out = capsys.readouterr().out.splitlines()
+    assert "# link: inter-node: 1 × 200 Mb/s tbf (eth0) on h1; link = busbw / 0.025 GB/s" in out
+    assert out[-1].endswith("  0.84") and all(len(line) < 100 for line in out)

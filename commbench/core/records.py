@@ -175,6 +175,28 @@ def crossover_phrase(row: Mapping[str, Any], size: Callable[[float], str]) -> st
     return "never: fp32 is faster at the largest size"
 
 
+def link_phrase(row: Mapping[str, Any], size: Callable[[float], str]) -> str:
+    """A point's ``link_util`` in words, sizes written by ``size`` (the report and ``check`` say the same thing):
+    ``inter-node all_reduce fp32 reaches 0.92 [0.90-0.93] of 8 × 400 Gb/s (ib0, ...) on n3 at 1G``; the interval
+    is busbw's divided by the link rate. "" where the point has no link rate."""
+
+    def num(key: str) -> float:
+        try:
+            return float(row.get(key))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return math.nan
+
+    rate, util = num("link_gbps"), num("link_util")
+    if not (rate > 0) or math.isnan(util):
+        return ""
+    lo, hi = num("busbw_ci_low_gbps") / rate, num("busbw_ci_high_gbps") / rate
+    ci = f" [{lo:.2f}-{hi:.2f}]" if not (math.isnan(lo) or math.isnan(hi)) else ""
+    scope, _, what = str(row.get("link") or "").partition(": ")
+    group = row.get("group")
+    grp = "" if group in (None, "", "world") or is_missing(group) else f" [{group}]"
+    return f"{scope} {row.get('collective')}{grp} {row.get('precision')} reaches {util:.2f}{ci} of {what} at {size(num('size_bytes'))}"
+
+
 @dataclass(kw_only=True, slots=True)
 class CollectivePoint(Record):
     """One measured (collective, precision, payload, size) point: a row of ``results.csv``.

@@ -12,7 +12,15 @@ from typing import Any
 
 from commbench.core.records import crossover_phrase, is_missing
 from commbench.core.units import format_size, human_bytes
-from commbench.measure.table import LEGEND, block_title, columns_for, format_row, header_lines, terminal_width
+from commbench.measure.table import (
+    LEGEND,
+    Column,
+    block_title,
+    columns_for,
+    format_row,
+    header_lines,
+    terminal_width,
+)
 
 __all__ = [
     "PointPrinter",
@@ -70,14 +78,36 @@ class SweepProgress:
             self._progress.stop()
 
 
+def _link_util(row: Any, width: int) -> str:
+    u = row.get("link_util")
+    return f"{'-':>{width}}" if u is None or is_missing(u) else f"{float(u):>{width}.2f}"
+
+
+LINK_COLUMN = Column("link", "(util)", 6, _link_util, 9)
+"""busbw as a fraction of the link the group crosses (``link_util``), right of the nccl-tests columns; "-" where
+the group crosses no link with a rate (the block's ``# link:`` line says why)."""
+
+
+def link_line(row: Mapping[str, Any]) -> str | None:
+    """The block's link in one sentence: what ``link_util`` divides by, or why there is nothing to divide by."""
+    link = str(row.get("link") or "")
+    if not link or is_missing(row.get("link")):
+        return None
+    rate = row.get("link_gbps")
+    if rate is None or is_missing(rate):
+        return f"link: {link}; link_util n/a"
+    return f"link: {link}; link = busbw / {float(rate):.4g} GB/s"
+
+
 class PointPrinter:
-    """Prints finished points as nccl-tests rows (as many columns as the terminal fits), with a block title
-    and header whenever the collective changes; each row names its precision."""
+    """Prints finished points as nccl-tests rows (as many columns as the terminal fits) and their ``link_util``,
+    with a block title, the block's link and a header whenever the collective changes; each row names its
+    precision."""
 
     def __init__(self, width: int | None = None) -> None:
         self._block: str | None = None
         self._width = width or terminal_width()
-        self._cols = columns_for(self._width)
+        self._cols = [*columns_for(self._width - LINK_COLUMN.width - LINK_COLUMN.sep), LINK_COLUMN]
         self._legend = False
 
     def row(self, row: Any, redop: str) -> None:
@@ -91,6 +121,10 @@ class PointPrinter:
             print("#")
             for line in comment(block_title(row).removeprefix("# "), self._width):
                 print(line)
+            link = link_line(row)
+            if link:
+                for line in comment(link, self._width):
+                    print(line)
             for line in header_lines(self._cols):
                 print(line)
         print(format_row({**row, "redop": redop}, self._cols))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from commbench.core.records import link_phrase
 from commbench.core.units import human_bytes
 from commbench.views.rundata import (
     COLLECTIVE_ORDER,
@@ -31,7 +32,7 @@ from commbench.views.rundata import (
 from commbench.views.tables import NO_WINNER, as_float, fmt, interval, ratio_text, verdict
 from commbench.views.training_tables import training_speed
 
-__all__ = ["CV_WARN", "RANK_SPREAD_WARN", "REL_ERR_WARN", "findings", "pitfalls", "slower_cause"]
+__all__ = ["CV_WARN", "RANK_SPREAD_WARN", "REL_ERR_WARN", "findings", "link_findings", "pitfalls", "slower_cause"]
 
 # pyperf's thresholds: a coefficient of variation of 10 % or more makes a number untrustworthy.
 CV_WARN = 0.10
@@ -289,9 +290,31 @@ def _training_findings(t: pd.DataFrame) -> list[str]:
     return out
 
 
+def link_findings(df: pd.DataFrame) -> list[str]:
+    """How much of its link each collective reaches ("is my number good?"): per collective, group and precision
+    the largest size's ``link_util`` with its interval (``core.records.link_phrase``); where a group crosses no
+    link with a rate, why once per reason."""
+    if df.empty or "link" not in df.columns:
+        return []
+    out: list[str] = []
+    speed = speed_rows(df)
+    have = speed[numeric(speed, "link_util").notna()]
+    keys = [c for c in ("collective", "group", "precision") if c in have.columns]
+    for _, g in have.groupby(keys, sort=False) if len(have) else []:
+        phrase = link_phrase(g.loc[numeric(g, "size_bytes").idxmax()], human_bytes)
+        if phrase:
+            out.append(phrase[0].upper() + phrase[1:] + ".")
+    missing = speed[numeric(speed, "link_util").isna() & speed["link"].notna() & (speed["link"].astype(str) != "")]
+    group = missing["group"].fillna(WORLD_GROUP) if "group" in missing.columns else WORLD_GROUP
+    for (grp, why), _g in missing.assign(group=group).groupby(["group", "link"], sort=False):
+        out.append(f"No link_util for the {grp} group ({why}).")
+    return out
+
+
 def findings(run: RunData) -> list[str]:
     """The report's first section: sentences built from significant results only (a winner, a crossover, a
-    speed-up is stated only where its 95 % interval excludes 1), then the noisy points counted."""
+    speed-up is stated only where its 95 % interval excludes 1), then the noisy points counted, then how much of
+    its link each collective reaches."""
     out = _sweep_findings(run) + _training_findings(run.training)
     df = run.results
     if not df.empty and "noisy" in df.columns and df["noisy"].notna().any():
@@ -302,4 +325,4 @@ def findings(run: RunData) -> list[str]:
             if noisy
             else f"All {len(df)} points reached the target interval."
         )
-    return out
+    return out + link_findings(df)
