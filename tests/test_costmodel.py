@@ -172,10 +172,14 @@ def test_relative_weighting_when_no_uncertainty_columns() -> None:
 # ------------------------------------------------------------------------------------------------ extrapolation
 def test_extrapolation_flags_say_which() -> None:
     model = fit(synth("all_reduce", worlds=[2, 4], ci_rel=None))
-    inside = model.predict("all_reduce", "fp32", world_size=4, nbytes=2**20)
-    assert not inside.extrapolated and inside.reason == "within the fitted range"
+    inside = model.predict("all_reduce", "fp32", world_size=4, nbytes=2**20)  # a measured point prices itself
+    assert not inside.extrapolated and inside.source == "measured" and not inside.warnings
+    assert inside.reason == "measured at 1M (n=4 on 1 node)"
     interp = model.predict("all_reduce", "fp32", world_size=3, nbytes=2**20)
     assert not interp.extrapolated and "interpolated" in interp.reason and "world size 3" in interp.reason
+    assert interp.source == "fitted" and "n=3 was not measured (measured: n=2 on 1 node, n=4 on 1 node)" in (
+        interp.warnings[0]
+    )
     big = model.predict("all_reduce", "fp32", world_size=4, nbytes=2**30)
     assert big.extrapolated and "size" in big.reason and "world size" not in big.reason
     small = model.predict("all_reduce", "fp32", world_size=2, nbytes=1024)

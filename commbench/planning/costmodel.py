@@ -4,8 +4,15 @@ layout rule of how a group's rings load the node links.
 Owns the capacity-planning cost model (DESIGN "Capacity planning"); pure pandas/numpy, it reads results and never
 runs anything. :mod:`commbench.planning.fitting` fits a :class:`CostModel` to a run's points and
 :mod:`commbench.planning.costmodel_io` reads and writes it as JSON.
-Owns the capacity-planning cost model (DESIGN "Capacity planning"); pure pandas/numpy, it reads results and
-never runs anything.
+
+Measured first, fitted beyond
+-----------------------------
+A model keeps the points it was fitted to, one :class:`commbench.planning.interpolate.MeasuredCurve` per layout.
+Inside a curve's sizes, on exactly its layout (ranks, nodes spanned, link sharing), a call is priced from the points
+(``Prediction.source == "measured"``); the fitted model below prices only what no curve covers, a size, a world size,
+a node count or a link sharing that was not measured (``source == "fitted"``), and says so in
+``Prediction.warnings``, as it says when its own points miss it by more than :data:`RESIDUAL_WARN`. What no fit
+covers at all is named with the command that measures it (:meth:`CostModel.missing_measurement`).
 
 Model
 -----
@@ -77,11 +84,13 @@ import numpy as np
 import pandas as pd
 
 from commbench.measure.groups import get_group_kind, node_major_hosts
+from commbench.planning.interpolate import Z95, MeasuredCurve, find_curve, layouts
 
 if TYPE_CHECKING:
     from commbench.measure.collectives import Collective
 
-Z95 = 1.959963984540054
+RESIDUAL_WARN = 0.20
+"""A fit whose worst relative residual on its own points exceeds this is said to be approximate (issue 25)."""
 
 
 # ----------------------------------------------------------------------------------------------- algorithms
@@ -176,6 +185,15 @@ def link_sharing(group: str, nodes: int, gpus_per_node: int) -> int:
     return sum(1 for part in parts if "0" in {hosts[r] for r in part} and len({hosts[r] for r in part}) > 1)
 
 
+def group_spans(group: str, nodes: int, gpus_per_node: int) -> int:
+    """Nodes one group of kind ``group`` spans on ``nodes x gpus_per_node`` ranks placed node by node (rank 0's
+    group; the kinds partition alike): what ``CostModel.predict(nodes=)`` takes, and how a measured curve names its
+    layout."""
+    hosts = node_major_hosts(nodes, gpus_per_node)
+    part = next(p for p in get_group_kind(group).partition(hosts) if 0 in p)
+    return len({hosts[r] for r in part})
+
+
 def inter_node_share(group: str, nodes: int, gpus_per_node: int) -> float:
     """Fraction of a rank's bus bytes (averaged over the ranks) that cross node links when each group of kind
     ``group`` runs a ring in rank order on ``nodes x gpus_per_node`` ranks placed node by node: the ring's hops
@@ -241,6 +259,12 @@ class Prediction:
     """The nccl-tests size on the wire used for the comm term."""
     fp32_bytes: float = math.nan
     """The nccl-tests size of the user's fp32 tensor used for the codec terms."""
+    source: str = "fitted"
+    """What priced the comm term: ``measured`` (the points, interpolated) or ``fitted`` (the alpha-beta model)."""
+    warnings: tuple[str, ...] = ()
+    """What a planner must know about this price: the fitted model used outside the measured points (and why),
+    an extrapolation in size, world size, nodes or link sharing, a fit that misses its own points by more than
+    :data:`RESIDUAL_WARN`. Empty for a price read off the measured points."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +339,10 @@ class CostModel:
     skipped: dict[str, str] = field(default_factory=dict)
     """"collective/precision/group" -> why no model was fitted."""
     sources: list[str] = field(default_factory=list)
+    measured: dict[tuple[str, str, str], tuple[MeasuredCurve, ...]] = field(default_factory=dict)
+    """The measured points per key, one curve per layout: what :meth:`predict` prices from inside their sizes."""
+    points_kept: bool = True
+    """False for a model read from a file older than the measured points (schema < 4): every price is fitted."""
 
     def get(self, collective: str, precision: str, group: str = "world") -> Fit:
         key = (collective, precision, group)
@@ -418,6 +446,27 @@ class CostModel:
         if not math.isfinite(lsd):
             reasons.append("no residual degrees of freedom: interval unknown")
 
+        # Measured first: inside a curve of exactly this layout the points price the call, the fit does not.
+        key = (collective, precision, group)
+        curves = self.measured.get(key, ())
+        curve = find_curve(curves, n, nodes, share)
+        source, warnings = "fitted", []
+        if curve is not None and curve.covers(wire):
+            t, low, high, where = curve.at(wire)
+            lsd = math.log(high / low) / (2 * Z95) if low > 0 else math.nan
+            source, extrap = "measured", False
+            spans = f"{curve.spans} node{'s' if curve.spans != 1 else ''}"
+            reasons = [f"{where} (n={n} on {spans})" + ("; no spread measured" if curve.spread == "none" else "")]
+        else:
+            warnings.append(f"priced by the fitted {alg.name} model, not by measured points: "
+                            + self._why_fitted(key, curves, curve, n, nodes, share, wire))  # fmt: skip
+            warnings.extend(reasons)
+            if abs(f.worst_rel_residual) > RESIDUAL_WARN:
+                warnings.append(
+                    f"the fit misses its own points by up to {f.worst_rel_residual:+.0%} (at {f.worst_where}): "
+                    "fitted times are approximate"
+                )
+
         codec = [0.0, 0.0]  # encode, decode
         var_codec = 0.0
         for i, (lf, factor) in enumerate(((f.encode, encode_factor), (f.decode, decode_factor))):
@@ -428,8 +477,12 @@ class CostModel:
             var_codec += (codec[i] * lf.log_sd(1.0, x)) ** 2
         enc, dec = codec
         total = enc + t + dec
-        # Terms combined as independent, in absolute variance, then back to a log-normal width.
-        tl, th = _lognormal_interval(total, math.sqrt((t * lsd) ** 2 + var_codec) / total if total > 0 else math.nan)
+        if enc == dec == 0.0:
+            tl, th = low, high
+        else:  # terms combined as independent, in absolute variance, then back to a log-normal width
+            tl, th = _lognormal_interval(
+                total, math.sqrt((t * lsd) ** 2 + var_codec) / total if total > 0 else math.nan
+            )
         return Prediction(
             time_s=t,
             low_s=low,
@@ -443,6 +496,43 @@ class CostModel:
             total_high_s=th,
             wire_bytes=wire,
             fp32_bytes=fp32,
+            source=source,
+            warnings=tuple(warnings),
+        )
+
+    def _why_fitted(
+        self, key: tuple[str, str, str], curves: Sequence[MeasuredCurve], curve: MeasuredCurve | None, n: int,
+        nodes: int | None, share: int, wire: float,
+    ) -> str:  # fmt: skip
+        """Why no measured curve prices this call, in the words of a warning."""
+        if not self.points_kept:
+            return (
+                "this model file keeps no measured points (cost-model schema < 4); "
+                "refit it (commbench fit) to price from them"
+            )
+        if not curves:
+            return f"the model keeps no measured points for {'/'.join(key)}"
+        if curve is None:
+            here = f"n={n}" + (f" on {nodes} node{'s' if nodes != 1 else ''}" if nodes is not None else "")
+            here += f", node link shared by {share}" if share > 1 else ""
+            return f"{here} was not measured (measured: {layouts(curves)})"
+        measured = f"{human_bytes(curve.min_bytes)}..{human_bytes(curve.max_bytes)}"
+        return f"size {human_bytes(wire)} outside the measured {measured}"
+
+    def missing_measurement(
+        self, collective: str, precision: str, group: str = "world", *, nodes: int = 1, gpus_per_node: int = 1,
+        fp32_bytes: float | None = None,
+    ) -> str:  # fmt: skip
+        """One sentence for a call the model cannot price: what is missing, what the model has, and the command that
+        measures it on a ``nodes x gpus_per_node`` cluster (:func:`measure_command`), around ``fp32_bytes`` when
+        given. Asked by the planner for what a strategy needs and no fit covers (bf16 rows when only fp32 was
+        imported; ZeRO-1's broadcast)."""
+        have = sorted("/".join(k) for k in self.fits if k[:2] == (collective, precision))
+        have = have or sorted("/".join(k) for k in self.fits) or ["nothing"]
+        cmd = measure_command(collective, precision, group, nodes=nodes, gpus_per_node=gpus_per_node,
+                              fp32_bytes=fp32_bytes)  # fmt: skip
+        return (
+            f"no measurement of {collective}/{precision} on the {group} group (the model has {', '.join(have)}); {cmd}"
         )
 
     # ------------------------------------------------------------------------------------------- views
@@ -497,6 +587,42 @@ class CostModel:
         return "\n".join(lines)
 
 
+def measure_command(
+    collective: str, precision: str, group: str = "world", *, nodes: int = 1, gpus_per_node: int = 1,
+    fp32_bytes: float | None = None, nbytes: float | None = None,
+) -> str:  # fmt: skip
+    """The command that measures ``collective`` in ``precision`` on groups of kind ``group`` of a ``nodes x
+    gpus_per_node`` cluster (torchrun across nodes, a local spawn on one), over the powers of two around one call's
+    size when given: ``fp32_bytes`` (the user's fp32 tensor, what ``run -b/-e`` take) or ``nbytes`` (wire bytes,
+    converted by the precision's wire element size). A collective commbench does not run (one only nccl-tests logs
+    bring, like broadcast) is measured by nccl-tests and imported."""
+    from commbench.measure.precision import get_precision
+
+    try:
+        prec = get_precision(precision)
+    except ValueError:
+        prec = None
+    if fp32_bytes is None and nbytes is not None and prec is not None:
+        fp32_bytes = nbytes * 4.0 / prec.wire_dtype.itemsize
+    if _registered(collective) is None:
+        dtype = prec.nccl_type if prec is not None else precision
+        return (f"commbench does not run {collective}: measure it with nccl-tests ({collective}_perf -d {dtype}) "
+                f"and import the log: python -m commbench import nccl-tests LOG --out RUN_DIR; "
+                f"then python -m commbench fit RUN_DIR ... --out model.json")  # fmt: skip
+    if nodes > 1:
+        launch = f"torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} -m commbench run"
+    else:
+        launch = f"python -m commbench run --nproc {gpus_per_node}"
+    cmd = f"{launch} --collectives {collective} --precisions {precision} --groups {group}"
+    if fp32_bytes is not None and math.isfinite(fp32_bytes) and fp32_bytes > 0:
+        from commbench.core.units import format_size
+
+        lo = 2 ** max(int(math.floor(math.log2(fp32_bytes))) - 1, 3)
+        hi = 2 ** (int(math.ceil(math.log2(fp32_bytes))) + 1)
+        cmd += f" -b {format_size(lo)} -e {format_size(hi)}"
+    return f"measure it: {cmd}"
+
+
 def _lognormal_interval(t: float, log_sd: float) -> tuple[float, float]:
     if not (t > 0 and math.isfinite(log_sd)):
         return (math.nan, math.nan)
@@ -528,7 +654,10 @@ __all__ = [
     "Tree",
     "decode_factor",
     "encode_factor",
+    "group_spans",
     "human_bytes",
     "inter_node_share",
     "link_sharing",
+    "measure_command",
+    "RESIDUAL_WARN",
 ]

@@ -3,8 +3,11 @@ checks that let an old file load and a foreign one fail in one line.
 
 The format is what ``commbench fit --out model.json`` writes and ``commbench plan --model`` reads: ``"schema":
 "commbench.costmodel"``, ``"schema_version"`` (versions 1 .. :data:`SCHEMA_VERSION` load), the fits (one object per
-(collective, precision, group), the :class:`~commbench.planning.costmodel.Fit` fields), the skipped keys, the source
-runs and the per-point residuals.
+(collective, precision, group), the :class:`~commbench.planning.costmodel.Fit` fields), the measured points the
+model prices from (``"measured"``: one object per key and layout, the
+:class:`~commbench.planning.interpolate.MeasuredCurve` fields), the skipped keys, the source runs and the per-point
+residuals. A file older than the measured points (version < 4) loads with none: every price it gives is fitted, and
+says so.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from typing import Any
 import pandas as pd
 
 from commbench.planning.costmodel import ALGORITHMS, RESIDUAL_COLUMNS, CostModel, Fit, LinearFit
+from commbench.planning.interpolate import MeasuredCurve
 
 SCHEMA = "commbench.costmodel"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: ``Fit.link_shares``; an inter fit's beta is per byte of one node link (version 1: per group). 3: ``Fit.timing_mode``
-(earlier files: stream)."""
+(earlier files: stream). 4: ``"measured"``, the points a model prices from inside their sizes (earlier files: none)."""
+MEASURED_SINCE = 4
+"""The first version that keeps the measured points."""
 MODEL = "time = alpha*A(n) + wire_bytes*beta*B(n); codec = c0 + c1*fp32_bytes*E(n)"
 """The formula, written into every file for its reader."""
 
@@ -51,6 +57,26 @@ def fit_to_dict(f: Fit) -> dict[str, Any]:
     return d
 
 
+def curve_to_dict(key: tuple[str, str, str], c: MeasuredCurve) -> dict[str, Any]:
+    d: dict[str, Any] = {"collective": key[0], "precision": key[1], "group": key[2]}
+    d.update({x.name: list(v) if isinstance(v := getattr(c, x.name), tuple) else v for x in fields(c)})
+    return d
+
+
+def curve_from_dict(d: dict[str, Any]) -> tuple[tuple[str, str, str], MeasuredCurve]:
+    key = (str(d["collective"]), str(d["precision"]), str(d["group"]))
+    return key, MeasuredCurve(
+        world_size=int(d["world_size"]),
+        spans=int(d["spans"]),
+        link_share=int(d["link_share"]),
+        sizes=tuple(float(x) for x in d["sizes"]),
+        time_s=tuple(float(x) for x in d["time_s"]),
+        low_s=tuple(float(x) for x in d["low_s"]),
+        high_s=tuple(float(x) for x in d["high_s"]),
+        spread=str(d["spread"]),
+    )
+
+
 def model_to_dict(model: CostModel) -> dict[str, Any]:
     """The JSON object of a model (NaN residuals as null)."""
     res = model.residuals.astype(object).where(pd.notna(model.residuals), None)
@@ -61,6 +87,7 @@ def model_to_dict(model: CostModel) -> dict[str, Any]:
         "model": MODEL,
         "sources": list(model.sources),
         "fits": [fit_to_dict(f) for f in model.fits.values()],
+        "measured": [curve_to_dict(k, c) for k, cs in model.measured.items() for c in cs],
         "skipped": dict(model.skipped),
         "residuals": res.to_dict("records"),
     }
@@ -129,6 +156,10 @@ def model_from_dict(d: Any, where: str = "cost model") -> CostModel:
         residuals = pd.DataFrame(d.get("residuals") or [], columns=list(RESIDUAL_COLUMNS))
         skipped = {str(k): str(x) for k, x in (d.get("skipped") or {}).items()}
         sources = [str(s) for s in d.get("sources") or []]
+        measured: dict[tuple[str, str, str], tuple[MeasuredCurve, ...]] = {}
+        for c in d.get("measured") or [] if v >= MEASURED_SINCE else []:
+            key, curve = curve_from_dict(c)
+            measured[key] = (*measured.get(key, ()), curve)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ValueError(f"{where} is malformed: {type(e).__name__}: {e}") from None
     for f in fits:
@@ -139,6 +170,8 @@ def model_from_dict(d: Any, where: str = "cost model") -> CostModel:
         residuals=residuals,
         skipped=skipped,
         sources=sources,
+        measured=measured,
+        points_kept=v >= MEASURED_SINCE,
     )
 
 
@@ -157,6 +190,9 @@ def read_model(path: str | os.PathLike[str]) -> CostModel:
 __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
+    "MEASURED_SINCE",
+    "curve_from_dict",
+    "curve_to_dict",
     "fit_from_dict",
     "fit_to_dict",
     "linear_fit_from_dict",

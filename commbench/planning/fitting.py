@@ -49,10 +49,12 @@ from commbench.planning.costmodel import (
     LinearFit,
     decode_factor,
     encode_factor,
+    group_spans,
     human_bytes,
     link_sharing,
 )
 from commbench.planning.costmodel_io import write_model
+from commbench.planning.interpolate import MeasuredCurve, curve_from_rows
 
 MEDIAN_SE = math.sqrt(math.pi / 2.0)
 """Standard error of the median over that of the mean, for normal samples (1.2533)."""
@@ -71,6 +73,49 @@ def _point_shares(df: pd.DataFrame) -> np.ndarray:
         else:
             out[i] = 1 if int(gs) > w // nn else 0
     return out
+
+
+def _point_spans(df: pd.DataFrame, shares: np.ndarray) -> np.ndarray:
+    """Nodes each row's group spans (:func:`group_spans`); a world that does not split evenly into its nodes spans
+    them all when its groups cross node links, else one."""
+    out = np.ones(len(df), dtype=int)
+    for i, (grp, w, nn) in enumerate(zip(df["group"], df["world_size"], df["nodes"], strict=True)):
+        if pd.isna(w) or pd.isna(nn) or int(nn) <= 1:
+            continue
+        w, nn = int(w), int(nn)
+        out[i] = group_spans(str(grp), nn, w // nn) if w % nn == 0 else (nn if shares[i] > 0 else 1)
+    return out
+
+
+def _point_bounds(g: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's 95 % bounds of time (us): its interval when measured, else from cv and samples as :func:`_sigma`
+    does (log-normal), else NaN (an imported nccl-tests row)."""
+    nan = np.full(len(g), math.nan)
+    if {"time_ci_low_us", "time_ci_high_us"} <= set(g.columns):
+        lo = pd.to_numeric(g["time_ci_low_us"], errors="coerce").to_numpy(float)
+        hi = pd.to_numeric(g["time_ci_high_us"], errors="coerce").to_numpy(float)
+        if np.all(np.isfinite(lo) & np.isfinite(hi) & (lo > 0) & (hi >= lo)):
+            return lo, hi
+    if {"cv", "samples"} <= set(g.columns):
+        cv = pd.to_numeric(g["cv"], errors="coerce").to_numpy(float)
+        ns = pd.to_numeric(g["samples"], errors="coerce").to_numpy(float)
+        if np.all(np.isfinite(cv)) and np.all(cv > 0) and np.all(ns > 1):
+            k = np.exp(Z95 * MEDIAN_SE * cv / np.sqrt(ns))
+            return t / k, t * k
+    return nan, nan.copy()
+
+
+def _curves(g: pd.DataFrame, t_us: np.ndarray, shares: np.ndarray) -> tuple[MeasuredCurve, ...]:
+    """The measured points of one key, one curve per layout (ranks, nodes spanned, link sharing)."""
+    lo, hi = _point_bounds(g, t_us)
+    spans = _point_spans(g, shares)
+    n = g["_n"].to_numpy(int)
+    size = g["size_bytes"].to_numpy(float)
+    out = []
+    for lay in sorted({(int(a), int(b), int(c)) for a, b, c in zip(n, spans, shares, strict=True)}):
+        m = (n == lay[0]) & (spans == lay[1]) & (shares == lay[2])
+        out.append(curve_from_rows(*lay, size[m], t_us[m] * 1e-6, lo[m] * 1e-6, hi[m] * 1e-6))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------------------------- linear fit
@@ -220,6 +265,7 @@ def fit(
     df["world_size"] = pd.to_numeric(df["world_size"], errors="coerce")
 
     fits: dict[tuple[str, str, str], Fit] = {}
+    measured: dict[tuple[str, str, str], tuple[MeasuredCurve, ...]] = {}
     skipped: dict[str, str] = {}
     residuals: list[pd.DataFrame] = []
     for (coll, prec, grp), g in df.groupby(["collective", "precision", "group"], sort=False):
@@ -287,6 +333,7 @@ def fit(
             codec[term] = lf
             residuals.append(_residual_frame(g, key, term, y, (xc @ np.array(lf.params)) * 1e6, ys, g["size_bytes"]))
 
+        measured[key] = _curves(g, t, shares)
         ratio_wf = (g["size_bytes"] / g["fp32_bytes"]).replace([np.inf, -np.inf], np.nan).dropna()
         fits[key] = Fit(
             collective=key[0],
@@ -311,7 +358,7 @@ def fit(
             timing_mode=modes[0],
         )
     res = pd.concat(residuals, ignore_index=True) if residuals else pd.DataFrame(columns=list(RESIDUAL_COLUMNS))
-    return CostModel(fits=fits, residuals=res, skipped=skipped, sources=names)
+    return CostModel(fits=fits, residuals=res, skipped=skipped, sources=names, measured=measured)
 
 
 def _residual_frame(
@@ -343,6 +390,7 @@ def main_fit(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
     p = write_model(model, out)
     head = f"# cost model of {len(run_dirs)} run(s): {', '.join(str(r) for r in run_dirs)}\n"
     head += "# time = alpha*A(n) + wire_bytes*beta*B(n)  (ring: busbw = 1/beta); codec = c0 + c1*fp32_bytes\n"
+    head += "# inside the measured sizes of a layout a call is priced from its points; the fit prices the rest\n"
     return head + model.format_summary() + f"\n# model: {p}"
 
 
