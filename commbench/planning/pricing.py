@@ -41,7 +41,7 @@ from typing import Any
 
 from commbench.measure.groups import GROUP_KINDS, get_group_kind
 from commbench.measure.precision import get_precision, precision_names
-from commbench.planning.costmodel import CostModel, Fit, inter_node_share, link_sharing
+from commbench.planning.costmodel import CostModel, Fit, inter_node_share, link_sharing, measure_command
 from commbench.planning.options import GroupBytes, PlanStrategy, Shape, StateParts, pieces
 from commbench.training.comm import bus_factor
 from commbench.training.policies import Policy
@@ -134,20 +134,21 @@ def _price(model: CostModel, g: GroupBytes, nodes: int, gpus_per_node: int) -> _
         calls_keys.append((op, prec, {"nbytes": bus / f if f else 0.0}))
     for coll, prec, size in calls_keys:
         grp, note = _group_for(model, coll, prec, g.level, nodes, gpus_per_node)
-        if grp is None:
-            out.missing.append(note)
+        per_call: dict[str, Any] = {k: v / g.calls for k, v in size.items()}
+        if grp is None:  # named with the command that measures it (issue 25)
+            hint = measure_command(coll, prec, g.level, nodes=nodes, gpus_per_node=gpus_per_node, **per_call)
+            out.missing.append(f"{note}; {hint}")
             continue
         if note:
             out.notes.append(note)
-        per_call: dict[str, Any] = {k: v / g.calls for k, v in size.items()}
         p = model.predict(coll, prec, world_size=g.n, group=grp, **layout, **per_call)
         out.time_s += p.total_s * g.calls
         out.low_s += p.total_low_s * g.calls  # summed as if fully correlated: the wider, honest interval
         out.high_s += p.total_high_s * g.calls
         out.codec_s += (p.encode_s + p.decode_s) * g.calls
-        if p.extrapolated:
-            out.extrapolated = True
-            out.notes.append(f"{coll}/{prec}/{grp}: {p.reason}")
+        out.extrapolated |= p.extrapolated
+        # a price read off the measured points has no warning; a fitted one says why and how far it reaches
+        out.notes.extend(f"{coll}/{prec}/{grp}: {x}" for x in p.warnings)
     return out
 
 
