@@ -45,11 +45,16 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """Run a launcher; on timeout SIGTERM it (mpirun and srun end their ranks then), SIGKILL its process group after
-    10 s, and fail with what it printed."""
-    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)  # fmt: skip
+def _start(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """Start a launcher in a session of its own, its output kept."""
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def _finish(p: subprocess.Popen[str], timeout: float = 240) -> str:
+    """Wait for a launcher and return its output; on timeout SIGTERM it (mpirun and srun end their ranks then),
+    SIGKILL its process group after 10 s, and fail with what it printed. A non-zero exit fails the test too."""
+    name = Path(str(p.args[0] if isinstance(p.args, list) else p.args)).name
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -59,8 +64,9 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
-        pytest.fail(f"{cmd[0]} did not finish within {timeout:g} s:\n{out[-3000:]}")
-    return subprocess.CompletedProcess(cmd, p.returncode, out, "")
+        pytest.fail(f"{name} did not finish within {timeout:g} s:\n{out[-3000:]}")
+    assert p.returncode == 0, f"{name} exited with {p.returncode}:\n{out[-3000:]}"
+    return out
 
 
 def _check_run(out: Path, launcher: str, host: str) -> dict[str, Any]:
@@ -125,16 +131,25 @@ def test_mpirun_starts_commbench(tmp_path: Path) -> None:
         pytest.skip(f"mpirun is not Open MPI's ({version.strip().splitlines()[:1]}); this test speaks Open MPI's flags")
     # as root Open MPI refuses to start without being told; --oversubscribe: a 1-core machine still runs 2 ranks
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    out = tmp_path / "run"
-    cmd = [mpirun, *root, "--oversubscribe", "-np", "2", "-x", "GLOO_SOCKET_IFNAME",
-           sys.executable, "-m", "commbench", *SUITE, "--out", str(out)]  # fmt: skip
-    # no MASTER_ADDR, no MASTER_PORT: on one node mpirun's own variables are enough
-    r = _run(cmd, _clean_env(), tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:]
-    meta = _check_run(out, "mpi", socket.gethostname())
-    assert meta["argv"][:4] == ["python", "-m", "commbench", "run"]
-    # Open MPI's own variables reached the node report (it keeps OMPI_MCA_*): the world was mpirun's
-    assert "OMPI_MCA_ess_base_jobid" in meta["node_reports"][0]["env"]
+    # Two jobs at once, as two users of one node would start them, with no MASTER_ADDR and no MASTER_PORT: on one
+    # node mpirun's own variables are enough, and each job meets in a store of its own (one fixed port: the second
+    # job's rank 0 fails with EADDRINUSE). Each mpirun keeps its session directory apart: two mpirun started in the
+    # same instant race to create the shared one (Open MPI 4.1: "orte_session_dir failed").
+    jobs = []
+    for job in ("a", "b"):
+        (tmp_path / job).mkdir()
+        cmd = [mpirun, *root, "--oversubscribe", "-np", "2", "-x", "GLOO_SOCKET_IFNAME",
+               sys.executable, "-m", "commbench", *SUITE, "--out", str(tmp_path / job / "run")]  # fmt: skip
+        jobs.append(_start(cmd, _clean_env(OMPI_MCA_orte_tmpdir_base=str(tmp_path / job)), tmp_path))
+    for p in jobs:
+        _finish(p)
+    ids = set()
+    for job in ("a", "b"):
+        meta = _check_run(tmp_path / job / "run", "mpi", socket.gethostname())
+        assert meta["argv"][:4] == ["python", "-m", "commbench", "run"]
+        # Open MPI's own variables reached the node report (it keeps OMPI_MCA_*): the world was mpirun's
+        ids.add(meta["node_reports"][0]["env"]["OMPI_MCA_ess_base_jobid"])
+    assert len(ids) == 2
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +168,21 @@ def test_srun_starts_commbench(slurm: SlurmCluster, tmp_path: Path) -> None:
     srun = shutil.which("srun")
     assert srun is not None  # the fixture skipped otherwise
     out = tmp_path / "run"
-    # -O (overcommit): two tasks even where the node has one CPU
-    cmd = [srun, "-N", "1", "-n", "2", "-O", "--time", "5",
+    cores = os.cpu_count() or 1
+    # a core per task (task/affinity binds each to its own); -O (overcommit) only where there is one core for two
+    over = ["-O"] if cores < 2 else []
+    cmd = [srun, "-N", "1", "-n", "2", *over, "--time", "5",
            sys.executable, "-m", "commbench", *SUITE, "--out", str(out)]  # fmt: skip
-    r = _run(cmd, _clean_env(**slurm.env), tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + "\n" + slurm.log_tail()
+    try:
+        _finish(_start(cmd, _clean_env(**slurm.env), tmp_path))
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{slurm.log_tail()}") from None
     # the node is called localhost in slurm.conf (the rendezvous host commbench takes from SLURM_JOB_NODELIST); the
     # host each rank reports is the machine's own name
     meta = _check_run(out, "slurm", socket.gethostname())
     assert meta["argv"][:4] == ["python", "-m", "commbench", "run"]
+    if cores >= 2:
+        # Slurm placed each task on a core of its own; metadata keeps the cores each rank ran on and its threads
+        node = meta["node_reports"][0]
+        assert len(node["rank_cores"]) == 2 and node["rank_cores"][0] != node["rank_cores"][1]
+        assert meta["threads_per_rank"] == 1
