@@ -22,7 +22,9 @@ from commbench.cluster.metadata import (
 from commbench.measure.groups import get_group_kind
 
 
-def nic(name: str, mbps: int | None, *, virtual: bool = False, shaped: float | None = None, up: bool = True) -> dict[str, Any]:
+def nic(
+    name: str, mbps: int | None, *, virtual: bool = False, shaped: float | None = None, up: bool = True
+) -> dict[str, Any]:
     return {"name": name, "speed_mbps": mbps, "virtual": virtual, "shaped_mbps": shaped, "up": up}
 
 
@@ -66,7 +68,11 @@ def test_shaped_rates_reads_tc_json_in_bytes_per_second() -> None:
 
 
 def test_nics_reads_speed_operstate_and_whether_a_device_is_behind(tmp_path: Path) -> None:
-    for name, speed, state, dev in (("eth0", "25000", "up", True), ("br0", "-1", "up", False), ("eth1", "x", "down", True)):
+    for name, speed, state, dev in (
+        ("eth0", "25000", "up", True),
+        ("br0", "-1", "up", False),
+        ("eth1", "x", "down", True),
+    ):
         d = tmp_path / name
         d.mkdir()
         (d / "speed").write_text(speed + "\n")

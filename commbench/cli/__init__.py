@@ -141,7 +141,7 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
     r.add_argument("--backend", choices=BACKENDS, default="auto", help="process group backend (default: auto = nccl when every rank has a GPU, else gloo)")
     r.add_argument("--out", type=Path, help="run directory (default: results/<UTC time>-<host>-<backend>-n<world>)")
     r.add_argument("--payload", choices=PAYLOADS, help=f"value distribution for the error measurement {dflt('payload')}")
-    r.add_argument("--check", dest="check", action="store_true", default=None, help=f"count wrong elements {dflt('check')}")
+    r.add_argument("--check", dest="check", action="store_true", default=None, help=f"count wrong elements (the correctness pass; the gate on a finished run is the `check` command) {dflt('check')}")
     r.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness pass")
     r.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run, skipping finished points (default: a new run)")
     r.add_argument(
@@ -193,8 +193,22 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
         help="also require a ratio to differ from 1 by at least this fraction to be significant (default 0)",
     )  # fmt: skip
 
+    chk = sub.add_parser(
+        "check",
+        help="gate a finished run (acceptance, CI): exit 1 naming every point significantly below a bar, 0 when "
+        "all hold; a per-node view of ranks.csv (not `run --check`, the correctness pass)",
+        description="Exit 1 and name every point whose 95 %% interval lies below a bar; 0 when all hold; 2 on bad "
+        "input. Then the per-node view: each node's link, its ranks' time against the others', waits, spikes.",
+    )  # fmt: skip
+    chk.add_argument("run_dir", type=Path, metavar="RUN")
+    chk.add_argument("--baseline", type=Path, metavar="RUN", help="run to measure --max-slowdown against")
+    chk.add_argument("--min-busbw", type=_positive_float, metavar="GB/s", help="fail points whose busbw is below this")
+    chk.add_argument("--max-slowdown", metavar="PCT", help="fail points whose time exceeds the baseline's by more than this, e.g. 10%%")
+    chk.add_argument("--min-link-util", type=_positive_float, metavar="FRACTION", help="fail points whose busbw is below this fraction of their link (link_util), e.g. 0.8")
+    chk.add_argument("--from-size", type=_size, metavar="SIZE", help="judge every point of at least this size on the wire, e.g. 64M (default: the bandwidth bars judge each series' largest size, --max-slowdown every size)")
+
     imp = sub.add_parser("import", help="import another tool's output into a run directory")
-    imp.add_argument("tool", choices=["nccl-tests"])
+    imp.add_argument("tool", choices=["nccl-tests", "rccl-tests"], help="nccl-tests or rccl-tests (one reader for both)")
     imp.add_argument("file", type=Path)
     imp.add_argument("--out", type=Path, required=True, help="new run directory")
     imp.add_argument("--collective", help="collective of every block when the file does not say")
@@ -530,13 +544,45 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
+    from commbench.store.results import load_metadata
+    from commbench.views.gate import Bars, check_run, link_lines, node_view, parse_slowdown
+
+    for r in (args.run_dir, args.baseline):
+        if r is not None:
+            load_metadata(r)  # a clear error for a missing/foreign directory
+    if args.min_link_util is not None and args.min_link_util > 10:
+        raise CLIError(f"--min-link-util is a fraction of the link (e.g. 0.8), got {args.min_link_util:g}")
+    slowdown = parse_slowdown(args.max_slowdown) if args.max_slowdown is not None else None
+    bars = Bars(args.min_busbw, slowdown, args.min_link_util, args.from_size)
+    result = check_run(args.run_dir, bars, args.baseline)
+    for line in link_lines(args.run_dir):
+        print(f"# {line}")
+    table, notes = node_view(args.run_dir)
+    if table:
+        print("# nodes: time/median = a node's ranks' per-op time over the point's median rank (median over points)")
+        for line in table:
+            print(f"#   {line}")
+    for line in notes + result.notes:
+        print(f"# {line}")
+    for line in result.failures:
+        print(f"FAIL {line}")
+    judged = ", ".join(f"{k} {v}" for k, v in result.judged.items())
+    verdict = f"{len(result.failures)} point(s) significantly below the bar" if result.failures else "every bar holds"
+    print(f"# check {args.run_dir}: {verdict} (points judged: {judged})")
+    return result.exit_code
+
+
 def cmd_import(args: argparse.Namespace, argv: list[str]) -> int:
-    from commbench.store.nccl_import import import_nccl_tests
+    from commbench.store.nccl_import import import_log
 
     if not args.file.is_file():
         raise CLIError(f"nccl-tests file {str(args.file)!r} does not exist")
-    out = import_nccl_tests(args.file, args.out, collective=args.collective)
-    print(f"imported {args.file} -> {out}")
+    result = import_log(args.file, args.out, collective=args.collective)
+    for w in result.warnings:  # nothing is dropped or guessed without a word (skipped lines, world size, -C 1)
+        print(f"warning: {w}", file=sys.stderr)
+    for run in result.runs:
+        print(f"imported {args.file} -> {run}")
     return 0
 
 
@@ -595,6 +641,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "list": cmd_list,
     "report": cmd_report,
     "compare": cmd_compare,
+    "check": cmd_check,
     "import": cmd_import,
     "fit": cmd_fit,
     "plan": cmd_plan,
