@@ -385,6 +385,11 @@ class CostModel:
           flat ring, ``gpus_per_node`` for the ``inter`` groups / HSDP's replica groups); each gets 1/concurrent
           of the link. Ignored for a group within one node.
 
+        Where a measured curve of exactly this layout (``world_size``, ``nodes`` spanned, link sharing) covers the
+        size, the points price the call (``source == "measured"``, ``reason`` names them, no warning); elsewhere the
+        fit does (``source == "fitted"``) and ``warnings`` says why no points priced it, every extrapolation and a
+        fit missing its own points by more than :data:`RESIDUAL_WARN`.
+
         ``extrapolated`` is True when the size, the world size or the link sharing lies outside the fitted range
         (``reason`` says which); a world size inside the range but not measured is interpolated by the formula.
         """
@@ -582,6 +587,13 @@ class CostModel:
                     },
                 )
             )
+        for mkey, curves in self.measured.items():
+            kept = "; ".join(
+                f"n={c.world_size} on {c.spans} node(s): {len(c.sizes)} sizes "
+                f"{human_bytes(c.min_bytes)}..{human_bytes(c.max_bytes)}"
+                for c in curves
+            )
+            lines.append(f"# measured {'/'.join(mkey)} (priced from these points inside their sizes): {kept}")
         for key, why in self.skipped.items():
             lines.append(f"# skipped {key}: {why}")
         return "\n".join(lines)

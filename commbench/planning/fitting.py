@@ -2,7 +2,9 @@
 
 ``fit(run_dirs_or_frames)`` groups the points by (collective, precision, group), scales each by the algorithm's
 ``A(n)``/``B(n)`` and its node-link sharing (the cost model's "Layouts"), and fits ``alpha``, ``beta`` and the codec
-terms; ``main_fit`` is ``commbench fit``. Pure pandas/numpy: it reads results and never runs anything.
+terms, and keeps the points themselves, one :class:`commbench.planning.interpolate.MeasuredCurve` per layout (the
+model prices from them inside their sizes); ``main_fit`` is ``commbench fit``. Pure pandas/numpy: it reads results
+and never runs anything.
 
 Timing mode
 -----------
