@@ -106,9 +106,12 @@ def ensure(work: Path, train: Path | None, sweep: Path | None) -> tuple[Path, Pa
 
 def plan_shape(t: pd.DataFrame, cfg: dict) -> dict:
     """The plan's model shape for a training run on one node: its Psi, ranks and [training] section."""
+    # commbench's GPT (training/nets.py): LayerNorm, a 4h GeLU MLP, biases, an untied head
     return dict(params=float(t["params"].iloc[0]), nodes=1, gpus_per_node=int(t["world_size"].iloc[0]),
                 layers=int(cfg["n_layers"]), hidden=int(cfg["d_model"]), heads=int(cfg["n_heads"]),
-                seq=int(cfg["seq_len"]), micro_batch=int(cfg["batch_size"]))  # fmt: skip
+                ffn=4 * int(cfg["d_model"]), vocab=int(cfg["vocab"]), seq=int(cfg["seq_len"]),
+                micro_batch=int(cfg["batch_size"]), gated_mlp=False, norm_params=2, biases=True,
+                tied_embeddings=False)  # fmt: skip
 
 
 def ratio(a: float, b: float) -> float:
@@ -187,9 +190,11 @@ def main() -> None:
     for psi_c in (2**18, 2**20, 1.5 * 2**20, 16 * 2**20):
         r = plan(params=psi_c, nodes=1, gpus_per_node=nlog, strategies=["ddp"], precisions=["fp8"], model=nccl_model).iloc[0]
         wire_per_fp32 = nccl_model.get("all_reduce", prec).wire_per_fp32
-        from commbench.training.strategies import default_bucket_numels
+        from commbench.planning.options import PRECISIONS, bucket_counts
 
-        buckets = [b * 4 * wire_per_fp32 for b in default_bucket_numels(psi_c)]
+        # the plan's fp8 keeps bf16 gradients: DDP's buckets hold 25 MiB of them
+        grad = PRECISIONS["fp8"].grad_bytes
+        buckets = [b * 4 * wire_per_fp32 for b, k in bucket_counts(psi_c, grad) for _ in range(k)]
         t_log = sum(log_time(b) for b in buckets)
         shown = ",".join(f"{b:.0f}" for b in buckets[:3]) + ("..." if len(buckets) > 3 else "")
         print(f"{psi_c:>10.0f}{shown:>28}{r['comm_time_s'] * 1e6:>10.2f}{t_log * 1e6:>10.2f}"

@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from commbench.measure.precision import torch_dtype
+from commbench.planning.activations import ATTENTIONS, RECOMPUTES, Attention, Recompute
+from commbench.planning.presets import ModelShape
 from commbench.training.comm import bus_factor, dtype_name
 from commbench.training.policies import Policy
 from commbench.training.strategies import (
     ALL_REDUCE,
     BF16,
     DDP,
+    DDP_BUCKET_CAP_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
     FP32,
     FSDP1,
     FSDP2,
@@ -40,7 +44,6 @@ from commbench.training.strategies import (
     ModelState,
     UnitShape,
     ZeRO1,
-    default_bucket_numels,
     merge_bytes,
 )
 
@@ -153,20 +156,76 @@ class Shape:
 
     piece: bool = False
     """Describe Psi as one call: one DDP bucket and one FSDP unit gathered once (comm buffers are priced so)."""
+    unit_numel: int | None = None
+    """Parameters of one layer's FSDP unit when the model's shape says (a preset's ``layer_params``, over TP)."""
+    model: ModelShape | None = None
+    """The transformer's shape (a preset or a complete given shape): units, activations, FLOPs per token."""
+    attention: Attention = ATTENTIONS["flash"]
+    recompute: Recompute = RECOMPUTES["none"]
+    grad_bytes: float = 4.0
+    """Bytes of one gradient element: DDP's buckets hold ``bucket_cap_mb`` of them (torch counts the gradients'
+    own bytes, so bf16 gradients fill a 25 MiB bucket with twice the elements of fp32 ones)."""
 
     def layout(self) -> Layout:
-        """DDP's default buckets and, with ``layers``, one FSDP unit per layer plus the root (embeddings):
-        a layer has 12h^2 + 13h parameters with ``hidden`` (Megatron's count), else Psi / layers."""
+        """FSDP units: with ``layers``, one per layer plus the root (embeddings, the rest of Psi); a layer has
+        ``unit_numel`` parameters, else 12h^2 + 13h with ``hidden`` (Megatron's count), else Psi / layers. DDP's
+        buckets are not listed here (:func:`bucket_counts` describes them in O(1))."""
         if self.piece:
             return Layout(bucket_numels=(int(self.psi),), units=(UnitShape(((int(self.psi),),), root=True),))
         units: tuple[UnitShape, ...] = ()
         if self.layers:
-            per = 12 * self.hidden**2 + 13 * self.hidden if self.hidden else self.psi / self.layers
+            if self.unit_numel:
+                per: float = self.unit_numel
+            else:
+                per = 12 * self.hidden**2 + 13 * self.hidden if self.hidden else self.psi / self.layers
             per = int(min(per, self.psi / self.layers))
             root = int(self.psi) - per * self.layers
             units = tuple(UnitShape(((per,),)) for _ in range(self.layers))
             units += (UnitShape(((root,),), root=True),) if root > 0 else ()
-        return Layout(bucket_numels=tuple(default_bucket_numels(self.psi)), units=units)
+        return Layout(units=units)
+
+
+def bucket_counts(psi: float, elem_bytes: float = 4.0) -> tuple[tuple[int, int], ...]:
+    """DDP's default buckets for ``psi`` gradient elements of ``elem_bytes`` each, as (elements, how many): a 1 MiB
+    first bucket, then 25 MiB ones, the last holding the rest (torch's defaults, parameter boundaries ignored as in
+    :func:`commbench.training.strategies.default_bucket_numels`). O(1) in Psi: no list of buckets is built."""
+    left = int(psi)
+    if left <= 0:
+        return ()
+    first = max(int(DDP_FIRST_BUCKET_BYTES // elem_bytes), 1)
+    if left <= first:
+        return ((left, 1),)
+    cap = max(int(DDP_BUCKET_CAP_BYTES // elem_bytes), 1)
+    full, rest = divmod(left - first, cap)
+    return ((first, 1),) + (((cap, full),) if full else ()) + (((rest, 1),) if rest else ())
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """When a strategy's collectives can run behind compute (the plan's overlap model, stated per strategy).
+
+    * ``backward``: once per step, behind the last micro-batch's backward pass (2/3 of its compute: 4 of the 6*Psi
+      FLOPs per token): DDP's bucketed all-reduce, FSDP's gradient reduce-scatter.
+    * ``per_micro_batch``: once per micro-batch, behind that micro-batch's forward and backward (prefetched):
+      the parameter all-gathers of units resharded after use (ZeRO-3, FSDP; ZeRO-2 keeps them gathered: once).
+    * everything else is exposed: ZeRO-1's parameter all-gather or broadcast after the optimizer step.
+    """
+
+    backward: tuple[str, ...] = ()
+    """Collectives (registry names) hidden behind the last micro-batch's backward."""
+    per_micro_batch: tuple[str, ...] = ()
+    """Collectives repeated every micro-batch and hidden behind its compute."""
+    description: str = ""
+
+    def window(self, op: str) -> str:
+        """"backward", "micro_batch" or "exposed" for the collective ``op``."""
+        if op in self.per_micro_batch:
+            return "micro_batch"
+        return "backward" if op in self.backward else "exposed"
+
+
+BACKWARD_SHARE = 4.0 / 6.0
+"""Share of a micro-batch's compute in its backward pass (4 of 6 FLOPs per parameter per token)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +240,15 @@ class GroupBytes:
     hook: GradComm | None = None
     """The DDP gradient hook whose bytes are in ``by_op`` (priced as an all_reduce of its wire precision)."""
     hook_psi: float = 0.0
+    hook_bytes: dict[str, float] = field(default_factory=dict)
+    """The hook's own bytes within ``by_op`` (the rest is priced op by op)."""
+    nodes: int | None = None
+    """Nodes the group spans when placed explicitly (the 3-D search's TP, PP and DP groups); None: as ``level``
+    says on the plan's nodes."""
+    concurrent: int = 1
+    """With ``nodes``: groups of this kind crossing each node's link at once (each gets 1/concurrent of it)."""
+    window_ops: dict[str, str] = field(default_factory=dict)
+    """Overlap window by "op:dtype" when the group's strategy is not the plan strategy's (TP, PP: "exposed")."""
 
 
 class PlanStrategy(ABC):
@@ -188,6 +256,7 @@ class PlanStrategy(ABC):
 
     name: str
     description: str
+    overlap: Overlap
 
     @abstractmethod
     def policy(self, precision: PlanPrecision) -> Policy:
@@ -201,19 +270,47 @@ class PlanStrategy(ABC):
     def state_bytes(self, policy: Policy, shape: Shape, state: ModelState) -> float:
         """Model-state bytes per rank at the step's peak (from the strategy objects)."""
 
-
-def pieces(policy: Policy, layout: Layout, n: int) -> list[int]:
-    """Elements per collective call: the sharding's units where it has them (one unit of Psi when the layout
-    names none), else DDP's buckets."""
-    units = policy.sharding.units(layout.units or (UnitShape(((1,),)),), max(n, 1))
-    if not units:
-        return list(layout.bucket_numels) or [0]
-    return [sum(math.prod(s) for s in u.shapes) for u in layout.units] if layout.units else []
+    def largest_piece(self, policy: Policy, shape: Shape) -> int:
+        """Elements of the largest collective call (the comm buffer; :func:`largest_piece`)."""
+        return largest_piece(policy, shape, shape.world_size)
 
 
-def _calls(policy: Policy, layout: Layout, n: int) -> int:
-    """Collective calls per step and "op:dtype" (DDP buckets or FSDP units)."""
-    return max(len(pieces(policy, layout, n)), 1)
+def _sharded_units(policy: Policy, layout: Layout, n: int) -> bool:
+    """The sharding communicates per FSDP unit (it has units), not per DDP bucket."""
+    return bool(policy.sharding.units(layout.units or (UnitShape(((1,),)),), max(n, 1)))
+
+
+def _buckets(shape: Shape) -> tuple[tuple[int, int], ...]:
+    return ((int(shape.psi), 1),) if shape.piece else bucket_counts(shape.psi, shape.grad_bytes)
+
+
+def largest_piece(policy: Policy, shape: Shape, n: int) -> int:
+    """Elements per largest collective call: the largest unit where the sharding has units (one unit of Psi when
+    the layout names none), else DDP's largest bucket."""
+    layout = shape.layout()
+    if _sharded_units(policy, layout, n):
+        return max((sum(math.prod(s) for s in u.shapes) for u in layout.units), default=int(shape.psi))
+    return max((size for size, _ in _buckets(shape)), default=0)
+
+
+def step_bytes(policy: Policy, shape: Shape, n: int) -> tuple[dict[str, float], int, dict[str, float]]:
+    """(bus bytes by "op:dtype", calls per "op:dtype", the DDP hook's own bytes) of one step on ``n`` ranks, asked of
+    the policy. Bucketed (DDP) bytes are asked once per distinct bucket size and multiplied by the count (every byte
+    formula is a sum over buckets), so any Psi answers in O(1)."""
+    layout = shape.layout()
+    if _sharded_units(policy, layout, n):
+        return policy.comm_bytes(psi=shape.psi, world_size=n, layout=layout), max(len(layout.units), 1), {}
+    by_op: dict[str, float] = {}
+    hook: dict[str, float] = {}
+    calls = 0
+    for size, count in _buckets(shape):
+        one = Layout(bucket_numels=(size,))
+        by_op = merge_bytes(by_op, {k: v * count for k, v in policy.comm_bytes(psi=size, world_size=n, layout=one).items()})
+        if policy.sharding.takes_hooks and n > 1:
+            h = policy.grad_comm.comm_bytes(psi=size, world_size=n, bucket_numels=(size,))
+            hook = merge_bytes(hook, {k: v * count for k, v in h.items()})
+        calls += count
+    return by_op, max(calls, 1), hook
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +321,7 @@ class FlatStrategy(PlanStrategy):
     description: str
     make: Any
     """(param dtype name, reduce dtype name) -> Sharding."""
+    overlap: Overlap = Overlap()
 
     def policy(self, precision: PlanPrecision) -> Policy:
         sharding = self.make(precision.param_dtype_name, precision.reduce_dtype_name or FP32)
@@ -242,13 +340,26 @@ class FlatStrategy(PlanStrategy):
         )
 
     def groups(self, policy: Policy, shape: Shape) -> list[GroupBytes]:
-        n, layout = shape.world_size, shape.layout()
-        by_op = policy.comm_bytes(psi=shape.psi, world_size=n, layout=layout)
+        n = shape.world_size
+        by_op, calls, hook_bytes = step_bytes(policy, shape, n)
         hook = policy.grad_comm if policy.sharding.takes_hooks else None
-        return [GroupBytes("world", n, by_op, _calls(policy, layout, n), hook, shape.psi if hook else 0.0)]
+        return [GroupBytes("world", n, by_op, calls, hook, shape.psi if hook else 0.0, hook_bytes)]
 
     def state_bytes(self, policy: Policy, shape: Shape, state: ModelState) -> float:
         return policy.state_bytes(psi=shape.psi, world_size=shape.world_size, state=state)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedZeRO1(FlatStrategy):
+    """ZeRO-1 as the ZeRO paper and DeepSpeed run it (Rajbhandari et al. 2020, section 7.2.1: P_os moves 2*Psi, as
+    DDP): gradients reduce-scattered so each rank gets the shard it owns, its optimizer step on it, updated
+    parameters all-gathered. Memory is :class:`commbench.training.strategies.ZeRO1`'s (full parameters and
+    gradients, optimizer state / N); bytes are those of FSDP1 SHARD_GRAD_OP (ZeRO-2), which moves the same
+    reduce-scatter and one all-gather per unit (``make`` builds it); torch has no partitioned ZeRO-1 of its own
+    (its ZeroRedundancyOptimizer is ``zero1_torch``)."""
+
+    def state_bytes(self, policy: Policy, shape: Shape, state: ModelState) -> float:
+        return ZeRO1().state_bytes(psi=shape.psi, world_size=shape.world_size, state=state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +372,7 @@ class HybridStrategy(PlanStrategy):
 
     name: str = "hsdp"
     description: str = "HSDP: FSDP2 within a node, gradient shards all-reduced across nodes"
+    overlap: Overlap = Overlap(("reduce_scatter", "all_reduce"), ("all_gather",), "as fsdp; the cross-node all-reduce behind backward")
 
     def policy(self, precision: PlanPrecision) -> Policy:
         if precision.reduce_dtype_name is None:
@@ -283,24 +395,39 @@ class HybridStrategy(PlanStrategy):
         for u in units:  # each rank all-reduces its gradient shard with the ranks holding the same shard
             key = f"all_reduce:{dtype_name(u.reduce_dtype_name)}"
             inter = merge_bytes(inter, {key: bus_factor("all_reduce", shape.nodes) * u.shard_numel * u.reduce_dtype.itemsize})
-        calls = _calls(policy, layout, g)
+        calls = max(len(layout.units), 1)
         return [GroupBytes("intra", g, intra, calls), GroupBytes("inter", shape.nodes, inter, calls)]
 
     def state_bytes(self, policy: Policy, shape: Shape, state: ModelState) -> float:
         return policy.state_bytes(psi=shape.psi, world_size=shape.gpus_per_node, state=state)
 
+    def largest_piece(self, policy: Policy, shape: Shape) -> int:
+        return largest_piece(policy, shape, shape.gpus_per_node)
+
+
+_GRADS_IN_BACKWARD = Overlap(("all_reduce", "all_to_all", "all_gather"), (), "gradient all-reduce behind backward")
+_SHARDED = Overlap(("reduce_scatter",), ("all_gather",), "parameter all-gathers prefetched behind each micro-batch; "
+                   "gradient reduce-scatter behind backward")  # fmt: skip
 
 STRATEGIES: dict[str, PlanStrategy] = {
     s.name: s
     for s in (
-        FlatStrategy("ddp", "DDP: replicated model and optimizer", lambda pd_, rd: DDP()),
-        FlatStrategy("zero1", "ZeRO-1: ZeroRedundancyOptimizer over DDP", lambda pd_, rd: ZeRO1()),
+        FlatStrategy("ddp", "DDP: replicated model and optimizer", lambda pd_, rd: DDP(), _GRADS_IN_BACKWARD),
+        PartitionedZeRO1("zero1", "ZeRO-1 (DeepSpeed, partitioned): gradients reduce-scattered, parameters all-gathered",
+                         lambda pd_, rd: FSDP1(param_dtype_name=pd_, reduce_dtype_name=rd, reshard_after_forward=False),
+                         Overlap(("reduce_scatter",), (), "gradient reduce-scatter behind backward; the parameter "
+                                 "all-gather after the optimizer step exposed")),
+        FlatStrategy("zero1_torch", "ZeRO-1 in torch: ZeroRedundancyOptimizer over DDP (all-reduce + fp32 broadcast)",
+                     lambda pd_, rd: ZeRO1(), Overlap(("all_reduce", "all_to_all", "all_gather"), (),
+                                                      "all-reduce behind backward; the broadcast after the step exposed")),
         FlatStrategy("zero2", "ZeRO-2: FSDP1 SHARD_GRAD_OP",
-                     lambda pd_, rd: FSDP1(param_dtype_name=pd_, reduce_dtype_name=rd, reshard_after_forward=False)),
+                     lambda pd_, rd: FSDP1(param_dtype_name=pd_, reduce_dtype_name=rd, reshard_after_forward=False),
+                     Overlap(("reduce_scatter",), ("all_gather",), "the all-gather behind forward (once: kept "
+                             "gathered), the reduce-scatter behind backward")),
         FlatStrategy("zero3", "ZeRO-3: FSDP1 FULL_SHARD",
-                     lambda pd_, rd: FSDP1(param_dtype_name=pd_, reduce_dtype_name=rd)),
+                     lambda pd_, rd: FSDP1(param_dtype_name=pd_, reduce_dtype_name=rd), _SHARDED),
         FlatStrategy("fsdp", "FSDP2 fully_shard (ZeRO-3 on FSDP2)",
-                     lambda pd_, rd: FSDP2(param_dtype_name=pd_, reduce_dtype_name=rd)),
+                     lambda pd_, rd: FSDP2(param_dtype_name=pd_, reduce_dtype_name=rd), _SHARDED),
         HybridStrategy(),
     )
 }  # fmt: skip
@@ -308,6 +435,7 @@ STRATEGIES: dict[str, PlanStrategy] = {
 
 
 __all__ = [
-    "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "TORCH_ADAMW", "FlatStrategy", "GroupBytes", "HybridStrategy", "Optimizer",
-    "PlanPrecision", "PlanStrategy", "Shape", "StateParts", "pieces",
+    "BACKWARD_SHARE", "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "TORCH_ADAMW", "FlatStrategy", "GroupBytes",
+    "HybridStrategy", "Optimizer", "Overlap", "PartitionedZeRO1", "PlanPrecision", "PlanStrategy", "Shape",
+    "StateParts", "bucket_counts", "largest_piece", "step_bytes",
 ]  # fmt: skip

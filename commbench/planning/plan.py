@@ -26,6 +26,8 @@ from typing import Any
 import pandas as pd
 
 from commbench.measure.precision import torch_dtype
+from commbench.planning.activations import ATTENTIONS, RECOMPUTES
+from commbench.planning.compute import GPU, GPUS
 from commbench.planning.costmodel import CostModel
 from commbench.planning.options import (
     OPTIMIZERS,
@@ -38,13 +40,15 @@ from commbench.planning.options import (
     Shape,
     StateParts,
 )
-from commbench.planning.pricing import COLUMNS, OVERLAP, compute_time, price_option
+from commbench.planning.presets import MODELS, model_shape
+from commbench.planning.pricing import COLUMNS, StatedLinks, compute_time, price_option
 from commbench.training.policies import Policy
 
 
 def plan(
     *,
-    params: float,
+    params: float | None = None,
+    model_preset: str | None = None,
     nodes: int = 1,
     gpus_per_node: int = 8,
     strategies: Sequence[str] = tuple(STRATEGIES),
@@ -53,41 +57,77 @@ def plan(
     layers: int | None = None,
     hidden: int | None = None,
     heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+    vocab: int | None = None,
     seq: int | None = None,
     micro_batch: int | None = None,
+    attention: str = "flash",
+    recompute: str = "none",
+    gated_mlp: bool | None = None,
+    norm_params: int | None = None,
+    biases: bool | None = None,
+    tied_embeddings: bool | None = None,
+    gpu: str | None = None,
     device_memory: float | None = None,
     compute_ms: float | None = None,
     tflops: float | None = None,
     mfu: float | None = None,
-    overlap: float = OVERLAP,
+    overlap: float | None = None,
     model: CostModel | str | os.PathLike[str] | None = None,
     policies: Sequence[Policy] | None = None,
     parts: StateParts = TORCH_ADAMW,
 ) -> pd.DataFrame:
     """One ranked row per (strategy, precision): memory per rank, bytes per step, predicted time.
 
-    ``model``: a fitted CostModel, a model.json or a run directory (fitted here); None gives memory and bytes
-    only. Bytes are per rank and per step (nccl-tests bus bytes). Options that do not exist (fp8 gradient
-    communication on FSDP) are listed in ``df.attrs["skipped"]``. ``policies``: plan these training policies
-    instead of strategies x precisions (see :func:`plan_policies`; ``parts`` is their model state). ValueError
-    for bad input.
+    The model: ``params`` (Psi) and/or a shape, from ``model_preset`` (:data:`commbench.planning.presets.MODELS`)
+    with any field overridden (``layers``, ``hidden``, ``heads``, ``kv_heads``, ``ffn``, ``vocab``, ``seq``; and the
+    kind: ``gated_mlp``, ``norm_params``, ``biases``, ``tied_embeddings``), or given whole. ``gpu`` (:data:`commbench.planning.compute.GPUS`) fills ``device_memory``, ``gpus_per_node`` and,
+    with ``mfu``, ``tflops`` where they are not given, and prices communication from its stated link bandwidths
+    when no cost model is given. ``model``: a fitted CostModel, a model.json or a run directory (fitted here); with
+    neither, memory and bytes only. Bytes are per rank and per step (nccl-tests bus bytes). Options that do not
+    exist (fp8 gradient communication on FSDP) are listed in ``df.attrs["skipped"]``; ValueError when none is left.
+    ``policies``: plan these training policies instead of strategies x precisions (see :func:`plan_policies`;
+    ``parts`` is their model state). ``overlap`` None: each strategy's overlap model. ValueError for bad input.
     """
+    gpu_obj = _gpu(gpu)
+    if gpu_obj is not None:
+        device_memory = device_memory if device_memory is not None else gpu_obj.memory_bytes
+        if mfu is not None and tflops is None and compute_ms is None:
+            tflops = gpu_obj.peak("bfloat16") / 1e12
     shape, opt = _validate(
         params, nodes, gpus_per_node, strategies, precisions, optimizer, layers, hidden, heads, seq, micro_batch,
         device_memory, compute_ms, tflops, mfu, overlap,
+        model_fields={"model_preset": model_preset, "kv_heads": kv_heads, "ffn": ffn, "vocab": vocab},
+        attention=attention, recompute=recompute,
+        kinds={"gated_mlp": gated_mlp, "norm_params": norm_params, "biases": biases, "tied_embeddings": tied_embeddings},
     )  # fmt: skip
-    cost = _load_model(model)
+    cost: CostModel | StatedLinks | None = _load_model(model)
+    if cost is None and gpu_obj is not None:
+        cost = StatedLinks(gpu_obj.nvlink_gbps, gpu_obj.network_gbps, gpu_obj.source)
     compute_s, tokens = compute_time(shape, compute_ms, tflops, mfu)
     skipped: dict[str, str] = {}
     options = _policy_options(policies, parts) if policies is not None else _grid(strategies, precisions, opt, skipped)
+    if not options:
+        why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+        raise ValueError(f"no option left to plan ({why}); choose other --strategies or --precisions")
     rows = [
         price_option(strat, names, policy, shape, state, elem, cost, compute_s, tokens, overlap, device_memory)
         for strat, names, policy, state, elem in options
     ]
     df = _rank(pd.DataFrame(rows, columns=list(COLUMNS)))
     df.attrs["skipped"] = skipped
+    df.attrs["device_memory"] = device_memory
     df.attrs["assumptions"] = assumptions(shape, opt, overlap, cost, compute_ms, tflops, mfu)
     return df
+
+
+def _gpu(name: str | None) -> GPU | None:
+    if name is None:
+        return None
+    if name not in GPUS:
+        raise ValueError(f"unknown gpu {name!r}; valid: {', '.join(GPUS)}")
+    return GPUS[name]
 
 
 _Option = tuple[PlanStrategy, tuple[str, str], Policy, StateParts, float]
@@ -149,42 +189,63 @@ def _rank(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def assumptions(
-    shape: Shape, opt: Optimizer, overlap: float, cost: CostModel | None, compute_ms: float | None,
-    tflops: float | None, mfu: float | None,
+    shape: Shape, opt: Optimizer, overlap: float | None, cost: CostModel | StatedLinks | None,
+    compute_ms: float | None, tflops: float | None, mfu: float | None,
 ) -> list[str]:  # fmt: skip
     """The stated assumptions of a plan, one line each (plan.md and plan.html print them)."""
-    out = [
-        f"Psi = {shape.psi:.4g} parameters on {shape.nodes} node(s) x {shape.gpus_per_node} ranks; {opt.description}.",
+    out = [f"Psi = {shape.psi:.4g} parameters on {shape.nodes} node(s) x {shape.gpus_per_node} ranks; {opt.description}."]
+    if shape.model is not None:
+        m = shape.model
+        out.append(
+            f"Model: {m.name} ({m.source}): {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), "
+            f"ffn {m.ffn}, vocab {m.vocab}, seq {shape.seq}, micro-batch {shape.micro_batch}."
+        )
+    out += [
         "Model state: the training strategies' state_bytes (ZeRO, Rajbhandari et al. 2020); fp32 keeps "
         "(P, G, K) = (4, 4, moments), bf16/fp8 keep (2, 2, 4 master + moments).",
         "Bytes: the strategies' comm_bytes, nccl-tests bus bytes per rank per step; a flat ring over nodes sends "
-        "1/gpus_per_node of them inter-node.",
+        "1/gpus_per_node of them inter-node. zero1 is DeepSpeed's partitioned ZeRO-1 (reduce-scatter + all-gather); "
+        "zero1_torch is torch's ZeroRedundancyOptimizer (all-reduce + fp32 broadcast).",
     ]
     if shape.layers:
         out.append(
-            f"FSDP units: {shape.layers} layers + the root; DDP buckets: 1 MiB then 25 MiB (torch's defaults)."
+            f"FSDP units: {shape.layers} layers + the root (one unit per layer); DDP buckets: 1 MiB then 25 MiB of "
+            "gradients in their own dtype (torch's defaults)."
         )
     else:
-        out.append("FSDP units: one unit of Psi (give --layers for per-layer units and their buffers).")
-    if shape.seq and shape.micro_batch and shape.hidden and shape.layers:
         out.append(
-            "Activations: Korthikanti et al. 2022 eq. 2, s*b*h*(34 + 5*a*s/h) bytes per layer (16-bit, no "
-            f"recomputation, no tensor parallelism), a = {shape.heads or max(shape.hidden // 128, 1)} heads."
+            "FSDP units: one unit of Psi for the bytes; comm buffers of DeepSpeed's ZeRO-3 prefetch bucket (5e7 "
+            "elements) - give --model-preset or --layers for per-layer units."
+        )
+    if shape.model is not None and shape.seq and shape.micro_batch:
+        out.append(
+            f"Activations: Megatron-LM theoretical_memory_usage.py / Korthikanti et al. 2022, attention "
+            f"{shape.attention.name} ({shape.attention.description}), recompute {shape.recompute.name}, "
+            "with the embedding and logits terms."
         )
     else:
-        out.append("Activations: not counted (give --layers, --hidden, --seq and --micro-batch).")
+        out.append("Activations: not counted (give --model-preset, or the full shape with --micro-batch).")
     if compute_ms is not None:
         out.append(f"Compute: {compute_ms:g} ms per step (given).")
     elif tflops is not None and mfu is not None:
-        out.append(f"Compute: 6*Psi*seq*micro_batch / ({tflops:g} TFLOP/s x MFU {mfu:g}).")
+        flops = "6*Psi + 12*L*h*s" if shape.model is not None else "6*Psi"
+        out.append(f"Compute: ({flops}) FLOPs per token x seq x micro_batch / ({tflops:g} TFLOP/s x MFU {mfu:g} assumed).")
     else:
-        out.append("Compute: not given (--compute-ms or --tflops and --mfu): no step time.")
-    out.append(
-        f"Overlap: communication hides behind {overlap:.2f} of the compute time; exposed = max(0, comm - "
-        f"{overlap:.2f} x compute)."
-    )
+        out.append("Compute: not given (--compute-ms, or --mfu with --tflops or --gpu): no step time.")
+    if overlap is None:
+        out.append(
+            "Overlap, per strategy: gradient all-reduce / reduce-scatter behind the backward pass (4/6 of compute), "
+            "re-gathered parameters behind each micro-batch, ZeRO-1's parameter all-gather / broadcast exposed."
+        )
+    else:
+        out.append(
+            f"Overlap: communication hides behind {overlap:.2f} of the compute time; exposed = max(0, comm - "
+            f"{overlap:.2f} x compute)."
+        )
     if cost is None:
-        out.append("Time: no cost model (give --model model.json or a run directory).")
+        out.append("Time: no cost model (give --model model.json or a run directory, or --gpu for stated bandwidths).")
+    elif isinstance(cost, StatedLinks):
+        out.append(f"Time: {cost.describe()}.")
     else:
         out.append(f"Time: cost model fitted on {', '.join(cost.sources) or 'frames'} (commbench.planning.costmodel).")
     return out
@@ -199,19 +260,33 @@ def _int_or_none(name: str, v: Any) -> int | None:
     return v
 
 
+MAX_PARAMS = 1e15
+"""Larger Psi is refused: a quadrillion parameters is past any cluster's memory (an absurd value is a typo)."""
+
+
 def _validate(
-    params: float, nodes: int, gpus_per_node: int, strategies: Sequence[str], precisions: Sequence[str],
+    params: float | None, nodes: int, gpus_per_node: int, strategies: Sequence[str], precisions: Sequence[str],
     optimizer: str, layers: int | None, hidden: int | None, heads: int | None, seq: int | None,
     micro_batch: int | None, device_memory: float | None, compute_ms: float | None, tflops: float | None,
-    mfu: float | None, overlap: float,
+    mfu: float | None, overlap: float | None, model_fields: dict[str, Any] | None = None, attention: str = "flash",
+    recompute: str = "none", kinds: dict[str, Any] | None = None,
 ) -> tuple[Shape, Optimizer]:  # fmt: skip
-    if isinstance(params, bool) or not isinstance(params, (int, float)) or not (math.isfinite(params) and params >= 1):
-        raise ValueError(f"params must be a positive number of parameters (e.g. 7e9), got {params!r}")
+    fields = dict(model_fields or {})
+    preset = fields.pop("model_preset", None)
     for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
         _int_or_none(name, v)
     for name, dim in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq", seq),
-                      ("micro_batch", micro_batch)):  # fmt: skip
+                      ("micro_batch", micro_batch), *fields.items()):  # fmt: skip
         _int_or_none(name, dim)
+    shape_model = model_shape(preset, layers=layers, hidden=hidden, heads=heads, seq=seq, **fields, **(kinds or {}))
+    if params is None:
+        if shape_model is None:
+            raise ValueError("give --params (e.g. 7e9) or a model: --model-preset " + " | ".join(MODELS))
+        params = float(shape_model.params)
+    if isinstance(params, bool) or not isinstance(params, (int, float)) or not (math.isfinite(params) and params >= 1):
+        raise ValueError(f"params must be a positive number of parameters (e.g. 7e9), got {params!r}")
+    if params > MAX_PARAMS:
+        raise ValueError(f"params={params:g} is more than {MAX_PARAMS:g} parameters: not a model any cluster holds")
     for kind, names, valid in (("strategy", strategies, STRATEGIES), ("precision", precisions, PRECISIONS)):
         if isinstance(names, str) or not names:
             raise ValueError(f"give a list of {kind} names; valid: {', '.join(valid)}")
@@ -220,6 +295,10 @@ def _validate(
                 raise ValueError(f"unknown {kind} {n!r}; valid: {', '.join(valid)}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTIONS)}")
+    if recompute not in RECOMPUTES:
+        raise ValueError(f"unknown recompute {recompute!r}; valid: {', '.join(RECOMPUTES)}")
     for name, x in (("device_memory", device_memory), ("compute_ms", compute_ms), ("tflops", tflops)):
         if x is not None and not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0):
             raise ValueError(f"{name} must be a positive number, got {x!r}")
@@ -228,14 +307,28 @@ def _validate(
     if compute_ms is not None and (tflops is not None or mfu is not None):
         raise ValueError("give either compute_ms or tflops with mfu, not both")
     if (tflops is None) != (mfu is None):
-        raise ValueError("tflops and mfu go together (compute = 6*Psi*seq*micro_batch / (tflops*1e12*mfu))")
+        raise ValueError("tflops and mfu go together (compute = FLOPs per token x tokens / (tflops*1e12*mfu))")
+    if shape_model is not None:
+        seq, micro_batch = shape_model.seq, micro_batch or 1
     if tflops is not None and not (seq and micro_batch):
         raise ValueError("tflops/mfu need seq and micro_batch (tokens per step)")
-    if not (isinstance(overlap, (int, float)) and 0 <= overlap <= 1):
+    if shape_model is None and (seq or micro_batch) and tflops is None and compute_ms is None:
+        given = " and ".join(f"--{n}" for n, v in (("seq", seq), ("micro-batch", micro_batch)) if v)
+        raise ValueError(
+            f"{given} alone is not used: activations need a model shape (--model-preset, or --layers --hidden "
+            "--heads --ffn --vocab --seq) and tokens per second need --tflops with --mfu or --compute-ms"
+        )
+    if overlap is not None and not (isinstance(overlap, (int, float)) and 0 <= overlap <= 1):
         raise ValueError(f"overlap must be in [0, 1], got {overlap!r}")
     if hidden and heads and hidden % heads:
         raise ValueError(f"hidden={hidden} must be divisible by heads={heads}")
-    shape = Shape(float(params), nodes, gpus_per_node, layers, hidden, heads, seq, micro_batch)
+    m = shape_model
+    shape = Shape(
+        float(params), nodes, gpus_per_node, m.layers if m else layers, m.hidden if m else hidden,
+        m.heads if m else heads, seq, micro_batch, model=m,
+        unit_numel=m.layer_params if m else None,
+        attention=ATTENTIONS[attention], recompute=RECOMPUTES[recompute],
+    )  # fmt: skip
     return shape, OPTIMIZERS[optimizer]
 
 
@@ -254,4 +347,4 @@ def _load_model(model: CostModel | str | os.PathLike[str] | None) -> CostModel |
     return read_model(p)
 
 
-__all__ = ["assumptions", "plan", "plan_policies"]
+__all__ = ["MAX_PARAMS", "assumptions", "plan", "plan_policies"]

@@ -1,7 +1,9 @@
 """Rendering a plan: ``plan.csv``, ``plan.md`` and ``plan.html`` with their two figures, and the console table.
 
 Views of the frame :func:`commbench.planning.plan.plan` returns (its rows and ``df.attrs``: the options that do not
-exist, the assumptions); nothing here prices anything.
+exist, the assumptions), and of :func:`commbench.planning.search.search`'s (``search.csv``, ``search.md``,
+``search.html``: the answer first); nothing here prices anything. Every time is shown with its interval, and every
+warning the pricing left in ``comm_model`` (an extrapolation, a key the cost model lacks) is printed.
 """
 
 from __future__ import annotations
@@ -111,9 +113,14 @@ def write_plan(df: pd.DataFrame, out: str | os.PathLike[str], device_memory: flo
     shown = ["rank", "strategy", "precision", "world_size", "fits", "mem_total_GB", "mem_model_state_GB",
              "mem_params_GB", "mem_grads_GB", "mem_master_GB", "mem_optim_GB", "mem_comm_buffers_GB",
              "mem_activations_GB", "comm_GB_per_step", "comm_GB_intra", "comm_GB_inter", "comm_time_s",
-             "exposed_comm_s", "step_time_s", "tokens_per_s", "comm_model"]  # fmt: skip
+             "comm_time_low_s", "comm_time_high_s", "exposed_comm_s", "step_time_s", "step_time_low_s",
+             "step_time_high_s", "tokens_per_s", "comm_model"]  # fmt: skip
     view = view[[c for c in shown if c in view.columns]]
-    tables = [frame_table("plan", "Options, ranked", view, "GB = 1e9 bytes; per rank and per step")]
+    tables = [Table("answer", "Answer", ["answer"], [[answer_line(df)]])]
+    warn = warnings(df)
+    if warn:
+        tables.append(Table("warnings", "Warnings", ["option", "warning"], warn))
+    tables.append(frame_table("plan", "Options, ranked", view, "GB = 1e9 bytes; per rank and per step"))
     skipped = df.attrs.get("skipped") or {}
     if skipped:
         tables.append(Table("skipped", "Options that do not exist", ["option", "why"], [[k, v] for k, v in skipped.items()]))
@@ -129,8 +136,40 @@ def write_plan(df: pd.DataFrame, out: str | os.PathLike[str], device_memory: flo
     return paths
 
 
+def answer_line(df: pd.DataFrame) -> str:
+    """The plan's answer in one line: the first-ranked option with its memory and, when priced, its step time and
+    interval."""
+    if df.empty:
+        return "no option"
+    r = df.iloc[0]
+    fits = "" if r["fits"] is None else (", fits" if r["fits"] else ", does NOT fit")
+    out = (
+        f"{r['params']:.3g} parameters on {r['nodes']} x {r['gpus_per_node']} ranks: {r['strategy']} "
+        f"{r['precision']}, {r['mem_total_bytes'] / 1e9:.3g} GB per rank{fits}"
+    )
+    if pd.notna(r["step_time_s"]):
+        out += (
+            f", step {r['step_time_s'] * 1e3:.4g} ms ({r['step_time_low_s'] * 1e3:.4g}-"
+            f"{r['step_time_high_s'] * 1e3:.4g}), {r['tokens_per_s']:.4g} tokens/s"
+        )
+    elif pd.notna(r["comm_time_s"]):
+        out += f", comm {r['comm_time_s'] * 1e3:.4g} ms ({r['comm_time_low_s'] * 1e3:.4g}-{r['comm_time_high_s'] * 1e3:.4g})"
+    else:
+        out += " (ranked by memory: no time)"
+    return out
+
+
+def warnings(df: pd.DataFrame) -> list[list[str]]:
+    """(option, warning) of every option whose communication is extrapolated or unpriced."""
+    out = []
+    for _, r in df.iterrows():
+        if r["comm_extrapolated"] is True or (pd.isna(r["comm_time_s"]) and r["comm_model"]):
+            out.append([f"{r['strategy']}/{r['precision']}", str(r["comm_model"])])
+    return out
+
+
 def format_plan(df: pd.DataFrame) -> str:
-    """A short console table of the ranked options."""
+    """The answer line, a short console table of the ranked options, then the warnings."""
     if df.empty:
         return "# no option"
     view = pd.DataFrame(
@@ -142,11 +181,59 @@ def format_plan(df: pd.DataFrame) -> str:
             "comm_GB": df["comm_bytes_per_step"] / 1e9,
             "inter_GB": df["comm_bytes_inter"] / 1e9,
             "comm_ms": df["comm_time_s"] * 1e3,
+            "comm_ms_95%": [
+                "-" if pd.isna(a) else f"{a * 1e3:.4g}-{b * 1e3:.4g}"
+                for a, b in zip(df["comm_time_low_s"], df["comm_time_high_s"], strict=True)
+            ],
             "step_ms": df["step_time_s"] * 1e3,
             "tokens/s": df["tokens_per_s"],
         }
     )
-    return view.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-")
+    lines = [answer_line(df), view.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-")]
+    for opt, w in warnings(df):
+        lines.append(f"# {opt}: {w}")
+    return "\n".join(lines)
 
 
-__all__ = ["MEM_PARTS", "fig_memory", "fig_step", "format_plan", "write_plan"]
+def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Path]:
+    """``out/search.csv``, ``search.md``, ``search.html``: the answer, the best per GPU count, the options that fit,
+    what ruled the rest out, the assumptions; returns the paths."""
+    from commbench.planning.search import SEARCH_COLUMNS
+    from commbench.views.render import render_html, render_markdown
+    from commbench.views.tables import Table, frame_table
+
+    d = Path(out)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"output directory {d} cannot be created: {e.strerror or e}") from None
+    paths = {"csv": d / "search.csv", "md": d / "search.md", "html": d / "search.html"}
+    df.to_csv(paths["csv"], index=False)
+    view = df.copy()
+    for c in [c for c in view.columns if c.endswith("_bytes")]:
+        view[c.replace("_bytes", "_GB")] = view.pop(c) / 1e9
+    cols = ["rank", "gpus", "nodes", "tp", "pp", "dp", "strategy", "precision", "microbatches", "mem_total_GB",
+            "mem_model_state_GB", "mem_activations_GB", "mem_comm_buffers_GB", "comm_tp_GB", "comm_pp_GB",
+            "comm_dp_intra_GB", "comm_dp_inter_GB", "comm_time_s", "comm_time_low_s", "comm_time_high_s",
+            "bubble_fraction", "exposed_comm_s", "step_time_s", "step_time_low_s", "step_time_high_s",
+            "tokens_per_s", "tokens_per_s_low", "tokens_per_s_high", "comm_model"]  # fmt: skip
+    ok = view[view["ruled_out"] == ""]
+    out_rows = view[view["ruled_out"] != ""]
+    tables = [
+        Table("answer", "Answer", ["answer"], [[df.attrs.get("answer", "")]]),
+        Table("per_count", "Best option per GPU count", ["best"], [[x] for x in df.attrs.get("per_count", [])]),
+        frame_table("options", "Options that fit, by tokens/s", ok[[c for c in cols if c in ok.columns]],
+                    "GB = 1e9 bytes; per GPU and per step; intervals from the pricing (module pricing)"),
+        frame_table("ruled_out", "Ruled out", out_rows[["rank", "gpus", "tp", "pp", "dp", "strategy", "precision",
+                                                        "mem_total_GB", "ruled_out"]]),
+        Table("assumptions", "Assumptions", ["assumption"], [[a] for a in df.attrs.get("assumptions", [])]),
+        Table("columns", "Columns of search.csv", ["column", "meaning"], [[k, v] for k, v in SEARCH_COLUMNS.items()]),
+    ]  # fmt: skip
+    sections = [("search", "3-D search", tables)]
+    title = "commbench plan: 3-D search"
+    paths["html"].write_text(render_html(title, sections, [], None), encoding="utf-8")
+    paths["md"].write_text(render_markdown(title, sections, [], None, d), encoding="utf-8")
+    return paths
+
+
+__all__ = ["MEM_PARTS", "answer_line", "fig_memory", "fig_step", "format_plan", "warnings", "write_plan", "write_search"]

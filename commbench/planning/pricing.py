@@ -1,16 +1,19 @@
 """Pricing one plan option: memory per rank, bus bytes per step and their intra/inter-node split, and the predicted
 communication and step time, asked of the training strategy objects (:mod:`commbench.planning.options`) and of a
-fitted cost model (:mod:`commbench.planning.costmodel`).
+fitted cost model (:mod:`commbench.planning.costmodel`) or of stated link bandwidths (:class:`StatedLinks`).
 
 Nothing here restates a strategy's formula; this module adds what the strategies do not own, each stated where it
 is computed:
 
-* activations (when ``layers``, ``hidden``, ``seq`` and ``micro_batch`` are given): Korthikanti et al. 2022
-  ("Reducing Activation Recomputation in Large Transformer Models", eq. 2, no tensor/sequence parallelism,
-  no recomputation): ``s*b*h*(34 + 5*a*s/h)`` bytes per layer with 16-bit activations, times the layers;
-  scaled by itemsize/2 for fp32 compute. Embedding, logits and the loss are left out.
-* comm buffers: one in-flight call per "op:dtype" (its nccl-tests size: an FSDP unit gathered, a DDP bucket
-  in its wire dtype); an upper bound where a collective works in place, NCCL's own buffers excluded.
+* activations (with a model shape, ``seq`` and ``micro_batch``): :mod:`commbench.planning.activations` (Megatron-LM's
+  ``theoretical_memory_usage.py`` / Korthikanti et al. 2022 for the chosen attention kernel and recompute mode, with
+  the embedding and logits terms), scaled by itemsize/2 for fp32 compute.
+* comm buffers: one in-flight call per "op:dtype" of the largest piece (its nccl-tests size: an FSDP unit gathered,
+  a DDP bucket in the gradient dtype); the parameter all-gather of a strategy that re-gathers every micro-batch
+  counts twice (the unit computing and the one prefetched, as FSDP and DeepSpeed's ZeRO-3 prefetch do). Without
+  ``layers`` a sharded strategy's pieces are DeepSpeed's default ZeRO-3 prefetch bucket
+  (``stage3_prefetch_bucket_size`` = 5e7 elements), never the whole model. An upper bound where a collective works
+  in place, NCCL's own buffers excluded.
 * the split of bus bytes between intra- and inter-node links, asked of the group kind
   (:func:`commbench.planning.costmodel.inter_node_share`): a flat ring over ``nodes x gpus_per_node`` ranks placed
   node by node crosses nodes on ``nodes`` of its ``N`` hops, so per rank on average ``1/g`` of the bytes go
@@ -27,9 +30,17 @@ is computed:
   :func:`commbench.planning.costmodel.link_sharing` and ``CostModel.predict(nodes=, concurrent=)``: the cost
   model's "Layouts" rule, the one the layout benchmark checks. Where the model lacks the key, ``comm_model`` says
   so and the time stays empty.
-* overlap: communication hides behind ``overlap`` (default 2/3, the backward pass's share of 6*Psi flops per
-  token: 4 of 6) of the compute time; ``exposed = max(0, comm - overlap * compute)``; ``step = compute +
-  exposed``. Compute is ``--compute-ms`` or ``6 * Psi * seq * micro_batch / (tflops * 1e12 * mfu)``.
+* time from stated bandwidths (no cost model, a GPU preset): a group within a node moves its bus bytes at the NVLink
+  bandwidth; a group across nodes at the lesser of NVLink and the node's network bandwidth (``gpus_per_node`` NICs)
+  shared by the ``c`` groups crossing it. Per-call latency is not counted. The point estimate takes
+  :data:`STATED_EFFICIENCY`'s middle fraction of the nominal bandwidth, the interval its ends: an assumption every
+  plan states, to be replaced by a fit of the user's cluster (``commbench fit``, ``--model``).
+* overlap, stated per strategy (:class:`commbench.planning.options.Overlap`): collectives in the ``backward``
+  window hide behind the last micro-batch's backward (4/6 of its compute), those in the ``micro_batch`` window
+  behind every micro-batch's compute, the rest is exposed; ``step = compute + exposed``. ``--overlap x`` replaces
+  it by one window of ``x`` of the compute for every collective. Compute is ``--compute-ms`` or FLOPs per token
+  (:mod:`commbench.planning.compute`: ``6*Psi + 12*L*h*s`` with a model shape, else ``6*Psi``) times the tokens of a
+  micro-batch over ``tflops * mfu``.
 """
 
 from __future__ import annotations
@@ -41,16 +52,50 @@ from typing import Any
 
 from commbench.measure.groups import GROUP_KINDS, get_group_kind
 from commbench.measure.precision import get_precision, precision_names
+from commbench.planning.activations import activation_bytes as _activations
+from commbench.planning.compute import flops_per_token
 from commbench.planning.costmodel import CostModel, Fit, inter_node_share, link_sharing, measure_command
-from commbench.planning.options import GroupBytes, PlanStrategy, Shape, StateParts, pieces
+from commbench.planning.options import BACKWARD_SHARE, GroupBytes, PlanStrategy, Shape, StateParts
 from commbench.training.comm import bus_factor
 from commbench.training.policies import Policy
-from commbench.training.strategies import ModelState, default_bucket_numels
+from commbench.training.strategies import ModelState
 
 OVERLAP = 2.0 / 3.0
-"""Default fraction of the compute time communication can hide behind (the backward pass: 4 of 6 Psi flops)."""
-KORTHIKANTI_PER_LAYER = (34.0, 5.0)
-"""Korthikanti et al. 2022, eq. 2: activation bytes per layer = s*b*h*(34 + 5*a*s/h) with 16-bit activations."""
+"""The single overlap fraction of ``--overlap`` (the backward pass: 4 of 6 Psi flops); by default the plan uses the
+per-strategy model instead (module docstring)."""
+ZERO3_PREFETCH_ELEMENTS = 50_000_000
+"""DeepSpeed's ``stage3_prefetch_bucket_size`` default (5e7 elements): a sharded strategy's call size when the
+layers are unknown."""
+STATED_EFFICIENCY = (0.5, 0.8, 1.0)
+"""Fractions of a stated (datasheet) link bandwidth: interval low end, point estimate, high end. nccl-tests' bus
+bandwidth reaches about 80 % of NVLink's nominal figure on one node; 50 % allows for contention and small calls."""
+WINDOWS = ("backward", "micro_batch", "exposed")
+
+
+@dataclass(frozen=True, slots=True)
+class StatedLinks:
+    """Link bandwidths taken from a datasheet, not measured: what prices communication without a cost model."""
+
+    nvlink_gbps: float
+    """Per GPU per direction within a node, GB/s."""
+    network_gbps: float
+    """Per GPU per direction across nodes, GB/s (one NIC per GPU)."""
+    source: str
+
+    def bandwidth(self, span_nodes: int, gpus_per_node: int, concurrent: int) -> float:
+        """Bytes/s (nominal) for a ring's bus bytes: NVLink within a node; across nodes the lesser of NVLink and the
+        node's network bandwidth shared by the ``concurrent`` groups crossing it."""
+        if span_nodes <= 1:
+            return self.nvlink_gbps * 1e9
+        return min(self.nvlink_gbps, self.network_gbps * gpus_per_node / max(concurrent, 1)) * 1e9
+
+    def describe(self) -> str:
+        lo, mid, hi = STATED_EFFICIENCY
+        return (
+            f"unmeasured: stated bandwidths ({self.source}: NVLink {self.nvlink_gbps:g} GB/s, network "
+            f"{self.network_gbps:g} GB/s per GPU) at {mid:.0%} ({lo:.0%}-{hi:.0%}), latency not counted; fit your "
+            "cluster (commbench fit) and pass --model"
+        )
 
 
 def native_precision(dtype: str) -> str | None:
@@ -76,6 +121,13 @@ class _Priced:
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     extrapolated: bool = False
+    windows: dict[str, list[float]] = field(default_factory=dict)
+    """Overlap window -> [time, low, high] of the collectives in it."""
+
+    def add(self, window: str, t: float, lo: float, hi: float) -> None:
+        self.time_s, self.low_s, self.high_s = self.time_s + t, self.low_s + lo, self.high_s + hi
+        w = self.windows.setdefault(window, [0.0, 0.0, 0.0])
+        w[0], w[1], w[2] = w[0] + t, w[1] + lo, w[2] + hi
 
 
 def _measured_across(f: Fit) -> bool:
@@ -108,20 +160,47 @@ def _group_for(
     return None, f"no model for {coll}/{prec} {where}; fitted: {', '.join(have)}"
 
 
-def _price(model: CostModel, g: GroupBytes, nodes: int, gpus_per_node: int) -> _Priced:
+def _placement(g: GroupBytes, nodes: int, gpus_per_node: int) -> tuple[int, int, int]:
+    """(nodes the group spans, ranks per node it has, groups sharing each node link) of ``g``."""
+    if g.nodes is not None:
+        return g.nodes, max(g.n // max(g.nodes, 1), 1), g.concurrent
+    share = link_sharing(g.level, nodes, gpus_per_node)
+    return (nodes if share else 1), gpus_per_node, max(share, 1)
+
+
+def _price(
+    model: CostModel | StatedLinks, g: GroupBytes, nodes: int, gpus_per_node: int, window: Any = None
+) -> _Priced:
+    """The group's communication per step, by overlap window (``window(op) -> name``; None: all "exposed")."""
     out = _Priced()
     if g.n < 2:
         return out
+
+    def win(key: str) -> str:
+        return g.window_ops.get(key) or (window(key.split(":", 1)[0]) if window else "exposed")
+
+    if isinstance(model, StatedLinks):
+        span, _, conc = _placement(g, nodes, gpus_per_node)
+        bw = model.bandwidth(span, gpus_per_node, conc)
+        lo, mid, hi = STATED_EFFICIENCY
+        for key, bus in g.by_op.items():
+            out.add(win(key), bus / (mid * bw), bus / (hi * bw), bus / (lo * bw))
+        return out
     # the layout rule of the cost model (its "Layouts"): groups of this level sharing each node link
-    share = link_sharing(g.level, nodes, gpus_per_node)
-    layout: dict[str, Any] = {"nodes": nodes if share else 1, "concurrent": max(share, 1)}
+    if g.nodes is not None:
+        span, per_node, conc = _placement(g, nodes, gpus_per_node)
+        level, lay_nodes, lay_g = "world", span, per_node
+        layout: dict[str, Any] = {"nodes": span, "concurrent": conc}
+    else:
+        share = link_sharing(g.level, nodes, gpus_per_node)
+        level, lay_nodes, lay_g = g.level, nodes, gpus_per_node
+        layout = {"nodes": nodes if share else 1, "concurrent": max(share, 1)}
     rest = dict(g.by_op)
-    calls_keys: list[tuple[str, str, dict[str, float]]] = []
+    calls_keys: list[tuple[str, str, dict[str, float], str]] = []
     if g.hook is not None:
-        hook_bytes = g.hook.comm_bytes(psi=g.hook_psi, world_size=g.n, bucket_numels=default_bucket_numels(g.hook_psi))
-        for k, v in hook_bytes.items():
+        for k, v in g.hook_bytes.items():
             rest[k] = rest.get(k, 0.0) - v
-        calls_keys.append(("all_reduce", g.hook.wire, {"fp32_bytes": 4.0 * g.hook_psi}))
+        calls_keys.append(("all_reduce", g.hook.wire, {"fp32_bytes": 4.0 * g.hook_psi}, win("all_reduce:hook")))
     for key, bus in rest.items():
         if bus <= 1e-9 * max(sum(g.by_op.values()), 1.0):
             continue
@@ -131,20 +210,19 @@ def _price(model: CostModel, g: GroupBytes, nodes: int, gpus_per_node: int) -> _
             out.missing.append(f"no precision runs {op} in {dtype}")
             continue
         f = bus_factor(op, g.n)
-        calls_keys.append((op, prec, {"nbytes": bus / f if f else 0.0}))
-    for coll, prec, size in calls_keys:
-        grp, note = _group_for(model, coll, prec, g.level, nodes, gpus_per_node)
+        calls_keys.append((op, prec, {"nbytes": bus / f if f else 0.0}, win(key)))
+    for coll, prec, size, w in calls_keys:
+        grp, note = _group_for(model, coll, prec, level, lay_nodes, lay_g)
         per_call: dict[str, Any] = {k: v / g.calls for k, v in size.items()}
         if grp is None:  # named with the command that measures it (issue 25)
-            hint = measure_command(coll, prec, g.level, nodes=nodes, gpus_per_node=gpus_per_node, **per_call)
+            hint = measure_command(coll, prec, level, nodes=nodes, gpus_per_node=gpus_per_node, **per_call)
             out.missing.append(f"{note}; {hint}")
             continue
         if note:
             out.notes.append(note)
         p = model.predict(coll, prec, world_size=g.n, group=grp, **layout, **per_call)
-        out.time_s += p.total_s * g.calls
-        out.low_s += p.total_low_s * g.calls  # summed as if fully correlated: the wider, honest interval
-        out.high_s += p.total_high_s * g.calls
+        # summed as if fully correlated: the wider, honest interval
+        out.add(w, p.total_s * g.calls, p.total_low_s * g.calls, p.total_high_s * g.calls)
         out.codec_s += (p.encode_s + p.decode_s) * g.calls
         out.extrapolated |= p.extrapolated
         # a price read off the measured points has no warning; a fitted one says why and how far it reaches
@@ -152,29 +230,46 @@ def _price(model: CostModel, g: GroupBytes, nodes: int, gpus_per_node: int) -> _
     return out
 
 
+def exposed_comm(windows: dict[str, float], micro_s: float, microbatches: int = 1) -> float:
+    """Communication not hidden behind compute (module docstring): ``backward`` behind the last micro-batch's
+    backward, ``micro_batch`` behind all micro-batches' compute left, ``exposed`` all of it."""
+    bwd, mb, ex = (windows.get(w, 0.0) for w in WINDOWS)
+    hidden_b = min(bwd, BACKWARD_SHARE * micro_s)
+    hidden_m = min(mb, max(microbatches * micro_s - hidden_b, 0.0))
+    return ex + (bwd - hidden_b) + (mb - hidden_m)
+
+
 # ----------------------------------------------------------------------------------------------- memory, bytes
-def activation_bytes(shape: Shape, elem_bytes: float) -> float:
-    """Korthikanti et al. 2022 eq. 2 (no recomputation, no tensor parallelism) times the layers; NaN when the
-    shape is incomplete."""
-    s, b, h, layers = shape.seq, shape.micro_batch, shape.hidden, shape.layers
-    if not (s and b and h and layers):
+def activation_bytes(shape: Shape, elem_bytes: float, tp: int = 1, pp: int = 1, microbatches: int = 1) -> float:
+    """Activations per rank of the shape's model (:mod:`commbench.planning.activations`); NaN without a model
+    shape, ``seq`` and ``micro_batch``."""
+    m = shape.model
+    if m is None or not (shape.seq and shape.micro_batch):
         return math.nan
-    a = shape.heads or max(h // 128, 1)
-    c34, c5 = KORTHIKANTI_PER_LAYER
-    return layers * s * b * h * (c34 + c5 * a * s / h) * elem_bytes / 2.0
+    return _activations(
+        seq=shape.seq, micro_batch=shape.micro_batch, hidden=m.hidden, ffn=m.ffn, heads=m.heads, layers=m.layers,
+        vocab=m.vocab, tp=tp, pp=pp, microbatches=microbatches, attention=shape.attention,
+        recompute=shape.recompute, elem_bytes=elem_bytes,
+    ).total  # fmt: skip
 
 
 def comm_buffer_bytes(strat: PlanStrategy, policy: Policy, shape: Shape) -> float:
     """One in-flight call per group and "op:dtype" of the largest piece (bucket or unit): its nccl-tests size,
-    asked of the same formulas as the bytes per step, for a layout of that piece alone gathered once."""
-    largest = max(pieces(policy, shape.layout(), shape.world_size) or [int(shape.psi)])
+    asked of the same formulas as the bytes per step, for a layout of that piece alone gathered once; a parameter
+    all-gather repeated every micro-batch twice (computing + prefetched). Without layers, a sharded strategy's piece
+    is DeepSpeed's prefetch bucket (:data:`ZERO3_PREFETCH_ELEMENTS`)."""
+    largest = strat.largest_piece(policy, shape)
+    if not shape.layers and not shape.piece and shape.layout().units == () and largest == int(shape.psi):
+        largest = min(largest, ZERO3_PREFETCH_ELEMENTS)
     if largest <= 0:
         return 0.0
     out = 0.0
     for g in strat.groups(policy, replace(shape, psi=float(largest), piece=True)):
         for key, v in g.by_op.items():
-            f = bus_factor(key.split(":", 1)[0], g.n)
-            out += v / f if f else 0.0
+            op = key.split(":", 1)[0]
+            f = bus_factor(op, g.n)
+            copies = 2 if strat.overlap.window(op) == "micro_batch" else 1
+            out += copies * v / f if f else 0.0
     return out
 
 
@@ -185,13 +280,22 @@ def _split(level: str, gpus_per_node: int, nodes: int, total: float) -> tuple[fl
     return total - inter, inter
 
 
+def step_flops_per_token(shape: Shape) -> float:
+    """Model FLOPs per token (``6*Psi + 12*L*h*s`` with a model shape, else ``6*Psi``) times the recompute's extra
+    forward (full: 8 of 6)."""
+    m = shape.model
+    base = flops_per_token(shape.psi, m.layers, m.hidden, shape.seq or 0) if m is not None else 6.0 * shape.psi
+    extra = shape.recompute.extra_forward * (base / 3.0)  # one forward = 1/3 of forward + backward
+    return base + extra
+
+
 def compute_time(shape: Shape, compute_ms: float | None, tflops: float | None, mfu: float | None) -> tuple[float, float]:
     """(compute seconds per step, tokens per step over all ranks); NaN where not given."""
     compute_s = math.nan
     if compute_ms is not None:
         compute_s = compute_ms / 1e3
     elif tflops is not None and mfu is not None:
-        compute_s = 6.0 * shape.psi * (shape.seq or 0) * (shape.micro_batch or 0) / (tflops * 1e12 * mfu)
+        compute_s = step_flops_per_token(shape) * (shape.seq or 0) * (shape.micro_batch or 0) / (tflops * 1e12 * mfu)
     tokens = shape.world_size * shape.seq * shape.micro_batch if shape.seq and shape.micro_batch else math.nan
     return compute_s, tokens
 
@@ -210,8 +314,8 @@ COLUMNS = {
     "mem_master_bytes": "fp32 master weights per rank, bytes",
     "mem_optim_bytes": "optimizer moments per rank, bytes",
     "mem_model_state_bytes": "model state per rank at the step's peak (the strategy's state_bytes), bytes",
-    "mem_comm_buffers_bytes": "one in-flight call per op:dtype, bytes",
-    "mem_activations_bytes": "activations (Korthikanti et al. 2022), bytes; empty without the shape",
+    "mem_comm_buffers_bytes": "one in-flight call per op:dtype (prefetched all-gathers twice), bytes",
+    "mem_activations_bytes": "activations (Megatron-LM / Korthikanti et al. 2022), bytes; empty without the shape",
     "mem_total_bytes": "model state + comm buffers + activations, bytes",
     "fits": "mem_total_bytes <= device memory (empty without --device-memory)",
     "comm_bytes_per_step": "bus bytes per rank per step (nccl-tests definitions)",
@@ -219,14 +323,16 @@ COLUMNS = {
     "comm_bytes_inter": "of which over inter-node links (per rank, average)",
     "comm_by_op": 'bus bytes per step by "group/op:dtype", JSON',
     "comm_time_s": "predicted communication time per step (encode/decode included), s",
-    "comm_time_low_s": "95 % interval low, s",
-    "comm_time_high_s": "95 % interval high, s",
+    "comm_time_low_s": "95 % interval low (stated bandwidths: at 100 % of nominal), s",
+    "comm_time_high_s": "95 % interval high (stated bandwidths: at 50 % of nominal), s",
     "codec_time_s": "of which encode + decode, s",
     "comm_extrapolated": "a priced call lies outside the model's fitted range",
-    "comm_model": "what priced the communication, or what the model lacks",
+    "comm_model": "what priced the communication, or what the model lacks; extrapolation warnings",
     "compute_s": "compute time per step, s",
-    "exposed_comm_s": "communication not hidden behind compute, s",
+    "exposed_comm_s": "communication not hidden behind compute (the strategy's overlap model), s",
     "step_time_s": "compute + exposed communication, s",
+    "step_time_low_s": "step time with the communication interval's low end, s",
+    "step_time_high_s": "step time with the communication interval's high end, s",
     "tokens_per_s": "tokens per second over all ranks",
     "policy": "the composed training policy (sharding / gradient hook)",
 }
@@ -235,11 +341,13 @@ COLUMNS = {
 
 def price_option(
     strat: PlanStrategy, names: tuple[str, str], policy: Policy, shape: Shape, parts: StateParts,
-    act_elem_bytes: float, cost: CostModel | None, compute_s: float, tokens: float, overlap: float,
-    device_memory: float | None,
+    act_elem_bytes: float, cost: CostModel | StatedLinks | None, compute_s: float, tokens: float,
+    overlap: float | None, device_memory: float | None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One plan.csv row (:data:`COLUMNS`) of one option: memory, bytes and, with ``cost``, the times."""
+    """One plan.csv row (:data:`COLUMNS`) of one option: memory, bytes and, with ``cost``, the times.
+    ``overlap`` None: the strategy's overlap model; a number: one window of that fraction of the compute."""
     state = parts.state
+    shape = replace(shape, grad_bytes=parts.grad)
 
     def sb(p: float = 0.0, g: float = 0.0, k: float = 0.0) -> float:
         return strat.state_bytes(policy, shape, ModelState(p, g, k))
@@ -288,30 +396,58 @@ def price_option(
         "compute_s": compute_s,
         "exposed_comm_s": math.nan,
         "step_time_s": math.nan,
+        "step_time_low_s": math.nan,
+        "step_time_high_s": math.nan,
         "tokens_per_s": math.nan,
         "policy": f"{type(policy.sharding).__name__} / {type(policy.grad_comm).__name__}",
     }
     if cost is not None:
-        priced = [_price(cost, g, shape.nodes, shape.gpus_per_node) for g in groups]
-        missing = [m for p in priced for m in p.missing]
-        notes = [m for p in priced for m in p.notes]
-        row["comm_extrapolated"] = any(p.extrapolated for p in priced)
-        if missing:
-            row["comm_model"] = "; ".join(dict.fromkeys(missing))
-        else:
-            t = sum(p.time_s for p in priced)
-            row.update(
-                comm_time_s=t,
-                comm_time_low_s=sum(p.low_s for p in priced),
-                comm_time_high_s=sum(p.high_s for p in priced),
-                codec_time_s=sum(p.codec_s for p in priced),
-                comm_model="; ".join(dict.fromkeys([*notes, _timing_note(cost)])),
-            )
-            if not math.isnan(compute_s):
-                exposed = max(0.0, t - overlap * compute_s)
-                row.update(exposed_comm_s=exposed, step_time_s=compute_s + exposed)
-                row["tokens_per_s"] = tokens / row["step_time_s"] if row["step_time_s"] > 0 else math.nan
+        priced = [_price(cost, g, shape.nodes, shape.gpus_per_node, strat.overlap.window) for g in groups]
+        row.update(time_columns(priced, cost, compute_s, 1, tokens, overlap))
     return row
+
+
+def time_columns(
+    priced: list[_Priced], cost: CostModel | StatedLinks, micro_s: float, microbatches: int, tokens: float,
+    overlap: float | None, extra_s: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
+    """The time columns of a row from its priced groups: comm time and interval, exposed comm, step time and its
+    interval, tokens/s. ``micro_s``: compute of one micro-batch; ``extra_s``: step time beyond compute and exposed
+    comm (a pipeline's bubble)."""
+    missing = [m for p in priced for m in p.missing]
+    notes = [m for p in priced for m in p.notes]
+    out: dict[str, Any] = {"comm_extrapolated": any(p.extrapolated for p in priced)}
+    if missing:
+        out["comm_model"] = "; ".join(dict.fromkeys(missing))
+        return out
+    how = cost.describe() if isinstance(cost, StatedLinks) else _timing_note(cost)
+    t = sum(p.time_s for p in priced)
+    lo, hi = sum(p.low_s for p in priced), sum(p.high_s for p in priced)
+    out.update(
+        comm_time_s=t, comm_time_low_s=lo, comm_time_high_s=hi, codec_time_s=sum(p.codec_s for p in priced),
+        comm_model="; ".join(dict.fromkeys([*notes, how])),
+    )  # fmt: skip
+    if math.isnan(micro_s):
+        return out
+    compute = micro_s * microbatches
+
+    def exposed(i: int) -> float:
+        if overlap is not None:
+            total = (t, lo, hi)[i]
+            return max(0.0, total - overlap * compute)
+        windows: dict[str, float] = {}
+        for p in priced:
+            for w, v in p.windows.items():
+                windows[w] = windows.get(w, 0.0) + v[i]
+        return exposed_comm(windows, micro_s, microbatches)
+
+    ex = exposed(0)
+    step = compute + extra_s + ex
+    out.update(
+        exposed_comm_s=ex, step_time_s=step, step_time_low_s=compute + extra_s + exposed(1),
+        step_time_high_s=compute + extra_s + exposed(2), tokens_per_s=tokens / step if step > 0 else math.nan,
+    )  # fmt: skip
+    return out
 
 
 def _timing_note(cost: CostModel) -> str:
@@ -322,6 +458,7 @@ def _timing_note(cost: CostModel) -> str:
 
 
 __all__ = [
-    "COLUMNS", "KORTHIKANTI_PER_LAYER", "OVERLAP", "activation_bytes", "comm_buffer_bytes", "compute_time",
-    "native_precision", "price_option",
+    "COLUMNS", "OVERLAP", "STATED_EFFICIENCY", "ZERO3_PREFETCH_ELEMENTS", "StatedLinks", "activation_bytes",
+    "comm_buffer_bytes", "compute_time", "exposed_comm", "native_precision", "price_option", "step_flops_per_token",
+    "time_columns",
 ]  # fmt: skip
