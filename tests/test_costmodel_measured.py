@@ -69,6 +69,18 @@ def test_between_two_points_the_line_through_them_with_a_widened_interval() -> N
     assert q.reason == "measured at 4K (n=4 on 1 node)"
 
 
+def test_a_curve_without_spread_takes_its_scatter_as_the_interval() -> None:
+    # one row per size and no interval (an nccl-tests log with out-of-place times only): every price still has one
+    sizes, t = [1024, 2048, 4096, 8192], [10.0, 10.0, 30.0, 50.0]
+    df = rows(sizes, t, ci_rel=0.1).drop(columns=["time_ci_low_us", "time_ci_high_us"])
+    p = fit(df).predict("all_reduce", "fp32", world_size=4, nbytes=2048)
+    e2k = math.log(10.0 / (10.0 + (30.0 - 10.0) / 3))  # the inner points off their neighbours' line (as above)
+    e4k = math.log(30.0 / (10.0 + (50.0 - 10.0) / 3))
+    half = Z95 * math.sqrt((e2k**2 + e4k**2) / 2)
+    assert p.time_s == pytest.approx(10e-6, rel=1e-12) and "no spread measured" in p.reason
+    assert (p.low_s, p.high_s) == pytest.approx((10e-6 * math.exp(-half), 10e-6 * math.exp(half)), rel=1e-9)
+
+
 def test_outside_the_points_the_fit_prices_and_warns() -> None:
     sizes, t = [1024, 2048, 4096, 8192], [10.0, 10.0, 30.0, 50.0]
     model = fit(rows(sizes, t, ci_rel=0.1))

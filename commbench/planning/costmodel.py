@@ -461,7 +461,10 @@ class CostModel:
             lsd = math.log(high / low) / (2 * Z95) if low > 0 else math.nan
             source, extrap = "measured", False
             spans = f"{curve.spans} node{'s' if curve.spans != 1 else ''}"
-            reasons = [f"{where} (n={n} on {spans})" + ("; no spread measured" if curve.spread == "none" else "")]
+            reasons = [
+                f"{where} (n={n} on {spans})"
+                + ("; no spread measured: interval from the curve's scatter" if curve.spread == "none" else "")
+            ]
         else:
             warnings.append(f"priced by the fitted {alg.name} model, not by measured points: "
                             + self._why_fitted(key, curves, curve, n, nodes, share, wire))  # fmt: skip

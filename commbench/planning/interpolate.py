@@ -15,10 +15,11 @@ protocol holds between the points (a log-log line through the same two points er
 gap at the knee of ``alpha + beta S``; on a log-log plot the two are the same segment to the eye).
 
 Interval: each point's own bounds (its 95 % interval when the run measured one; else the range of the rows at that
-size, e.g. nccl-tests' out-of-place and in-place times; else none), interpolated in log, and widened between points
-by what the same interpolation misses on this curve: the leave-one-out error of the two points bounding the
-segment (each predicted from its neighbours), scaled by ``4u(1-u)`` so that it is zero on a point and whole at
-mid-gap. No distribution is assumed beyond that; the widening is conservative (its gap is twice the real one).
+size, e.g. nccl-tests' out-of-place and in-place times; else, for a curve of single rows, ``Z95`` times the rms of
+the curve's leave-one-out log errors, its points' scatter about their neighbours), interpolated in log, and widened
+between points by what the same interpolation misses on this curve: the leave-one-out error of the two points
+bounding the segment (each predicted from its neighbours), scaled by ``4u(1-u)`` so that it is zero on a point and
+whole at mid-gap. No distribution is assumed beyond that; the widening is conservative (its gap is twice the real one).
 """
 
 from __future__ import annotations
@@ -93,19 +94,28 @@ class MeasuredCurve:
         s = self.sizes
         wire = min(max(wire, s[0]), s[-1])
         j = int(np.searchsorted(np.asarray(s), wire, side="left"))
+        errs = self.loo_log_errors()
+        # no spread measured: each point is as uncertain as the curve's points are off their neighbours' line
+        floor = Z95 * self.scatter() if self.spread == "none" else 0.0
         if j < len(s) and abs(s[j] - wire) <= 1e-9 * s[j]:
-            return self.time_s[j], self.low_s[j], self.high_s[j], f"measured at {_human(s[j])}"
+            t = self.time_s[j]
+            return t, self.low_s[j] * math.exp(-floor), self.high_s[j] * math.exp(floor), f"measured at {_human(s[j])}"
         i = j - 1  # s[i] < wire < s[i + 1]
         u = (wire - s[i]) / (s[i + 1] - s[i])
         t0, t1 = self.time_s[i], self.time_s[i + 1]
         t = t0 + u * (t1 - t0)
-        lo = (1 - u) * _ln(self.low_s[i], t0) + u * _ln(self.low_s[i + 1], t1)
-        hi = (1 - u) * _ln(self.high_s[i], t0) + u * _ln(self.high_s[i + 1], t1)
-        errs = self.loo_log_errors()
+        lo = (1 - u) * _ln(self.low_s[i], t0) + u * _ln(self.low_s[i + 1], t1) - floor
+        hi = (1 - u) * _ln(self.high_s[i], t0) + u * _ln(self.high_s[i + 1], t1) + floor
         bracket = [abs(e) for e in (errs[i], errs[i + 1]) if e != 0.0]
         widen = Z95 * (max(bracket) if bracket else 0.0) * 4.0 * u * (1.0 - u)
         where = f"interpolated between the measured {_human(s[i])} and {_human(s[i + 1])}"
         return t, t * math.exp(lo - widen), t * math.exp(hi + widen), where
+
+    def scatter(self) -> float:
+        """Root mean square of the leave-one-out log errors of the inner points (0 with fewer than three points):
+        the interval of a curve that measured no spread (one row per size, no interval)."""
+        inner = self.loo_log_errors()[1:-1]
+        return math.sqrt(sum(e * e for e in inner) / len(inner)) if inner else 0.0
 
 
 def _ln(bound: float, t: float) -> float:
