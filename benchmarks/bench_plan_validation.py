@@ -10,7 +10,8 @@ collectives at 7B and 70B parameters. Each figure is printed against the log its
 * held-out sizes: the log's time (mean of its out-of-place and in-place columns) against the price from the
   points kept (``source == "measured"``: the line between the two neighbouring kept sizes) and against the
   latency-bandwidth fit alone (the same model with its points dropped), with whether the log lies inside the
-  price's 95 % interval;
+  price's 95 % interval; and the same kept points joined in log-log instead (the choice
+  :mod:`commbench.planning.interpolate` made, checked);
 * a step: ``sum over calls`` of each call's price, against the same sum read off the whole log (every row kept;
   between two rows the line through them, which the sum needs for call sizes the log does not list; the
   "bucket 64M" rows call only sizes the log lists and the fit left out, so their reference is the log's rows
@@ -139,6 +140,18 @@ def main() -> int:
         line = (f"{name}: held-out {len(e_pts)} sizes: points median |err| {np.median(a_pts):.1%} (max "
                 f"{a_pts.max():.1%}), inside the interval {inside}/{len(e_pts)}; alpha-beta fit median |err| "
                 f"{np.median(a_fit):.1%} (max {a_fit.max():.1%})")  # fmt: skip
+        print("# " + line)
+        summary.append(line)
+        # the design choice checked: the same kept points joined in log-log instead of by the line through them
+        means = df.groupby("size_bytes")["time_us"].mean()
+        ks = np.array(kept, float)
+        hs = np.array([s for s in held if kept[0] <= s <= kept[-1]], float)
+        kt, ht = means.loc[ks].to_numpy(float), means.loc[hs].to_numpy(float)
+        e_ll = np.abs(np.exp(np.interp(np.log(hs), np.log(ks), np.log(kt))) / ht - 1)
+        e_lin = np.abs(np.interp(hs, ks, kt) / ht - 1)
+        line = (f"{name}: held-out, kept points joined linearly: median |err| {np.median(e_lin):.1%}, mean "
+                f"{e_lin.mean():.1%}, max {e_lin.max():.1%}; in log-log: {np.median(e_ll):.1%}, {e_ll.mean():.1%}, "
+                f"{e_ll.max():.1%}")  # fmt: skip
         print("# " + line)
         summary.append(line)
 
