@@ -153,6 +153,7 @@ def main() -> int:
                 "in_interval": p.low_s <= t <= p.high_s,
                 "within_20%": 1 / 1.2 <= p.time_s / t <= 1.2,
                 "extrapolated": p.extrapolated,
+                "source": p.source,  # fitted: no 3-rank points in the model, the formula prices a new world size
             }
         )
     df = pd.DataFrame(rows)
