@@ -415,3 +415,20 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = Fals
         run_training(section, device=d.device, sync=d.sync, on_policy_done=on_done, skip=tuple(done[0]), hosts=d.hosts)
     finally:
         progress.stop()
+    if writer is not None:
+        _print_training_gain(writer)
+
+
+def _print_training_gain(writer: Any) -> None:
+    """After the per-policy lines: the low-precision gain of each parallelism against its own reference, side by
+    side, from every training row of the run (a resumed run's earlier ones too), with the CPU-timing note."""
+    import pandas as pd
+
+    from commbench.views.training_tables import gain_by_parallelism_lines
+
+    lines = gain_by_parallelism_lines(
+        pd.DataFrame(writer.rows["training"]), pd.DataFrame(writer.rows["training_steps"])
+    )
+    for line in lines:
+        for out in console.comment(line):
+            print(out)

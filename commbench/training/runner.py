@@ -674,6 +674,17 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
+def reference_of(policy: Policy) -> str:
+    """The policy a row's low-precision gain is measured against, written into the row so the views need no
+    registry: its own `reference` (the full-precision twin of the same parallelism), else the fp32 DDP baseline
+    when some stage of it is narrower than fp32 (`Policy.underflow`: it loses elements fp32 keeps), else "" (a
+    full-precision policy is a reference, not a gain)."""
+    if policy.reference:
+        return policy.reference
+    low = policy.underflow
+    return BASELINE if low.absolute > 0 or low.relative > 0 else ""
+
+
 def build_rows(
     run: PolicyRun, baseline: PolicyRun | None, section: TrainingConfig, n: int, backend: str, device: torch.device
 ) -> tuple[TrainingSummary, list[TrainingStep]]:
@@ -736,6 +747,8 @@ def build_rows(
     fields: dict[str, Any] = {
         "policy": p.name,
         "family": p.family,
+        "parallelism": p.sharding.parallelism,
+        "reference_policy": reference_of(p),
         "description": p.description,
         "comm_dtype": p.comm_dtype,
         "model": section.model,
@@ -810,6 +823,8 @@ def _error_rows(
     return TrainingSummary(
         policy=policy.name,
         family=policy.family,
+        parallelism=policy.sharding.parallelism,
+        reference_policy=reference_of(policy),
         description=policy.description,
         comm_dtype=policy.comm_dtype,
         model=section.model,

@@ -30,7 +30,13 @@ from commbench.views.rundata import (
     speed_rows,
 )
 from commbench.views.tables import NO_WINNER, as_float, fmt, interval, ratio_text, verdict
-from commbench.views.training_tables import training_speed
+from commbench.views.training_tables import (
+    CPU_TIMING_NOTE,
+    DEFAULT_PARALLELISM,
+    gain_by_parallelism,
+    timed_on_cpu,
+    training_speed,
+)
 
 __all__ = ["CV_WARN", "RANK_SPREAD_WARN", "REL_ERR_WARN", "findings", "link_findings", "pitfalls", "slower_cause"]
 
@@ -290,6 +296,44 @@ def _training_findings(t: pd.DataFrame) -> list[str]:
     return out
 
 
+def _parallelism_findings(run: RunData) -> list[str]:
+    """The low-precision gain of each parallelism against its own full-precision reference, side by side in one
+    sentence: bytes saved (counted, so any difference is real) and a speed-up only where its interval excludes 1.
+    Said when the run compares something besides DDP policies against fp32 (the sentences above say those)."""
+    g = gain_by_parallelism(run.training, run.training_steps)
+    g = g[g["note"].astype(str) == ""] if not g.empty else g
+    if g.empty or not (
+        (g["parallelism"] != DEFAULT_PARALLELISM).any() or (g["reference_policy"] != FP32_PRECISION).any()
+    ):
+        return []
+    parts: list[str] = []
+    for par, rows in g.groupby("parallelism", sort=False):
+        said: list[str] = []
+        for _, r in rows.iterrows():
+            pol, ref = str(r["policy"]), str(r["reference_policy"])
+            saved, speed = as_float(r["comm_saved"]), interval(r["speedup"], r["speedup_ci_low"], r["speedup_ci_high"])
+            if saved > 0.005:
+                moved = f"saves {saved:.0%} of {ref}'s bytes per step"
+            elif saved < -0.005:
+                moved = f"sends {-saved:.0%} more bytes per step than {ref}"
+            elif math.isnan(saved):
+                moved = f"against {ref}"
+            else:
+                moved = f"sends as many bytes per step as {ref}"
+            if r["verdict"] == "faster":
+                said.append(f"{pol} {moved} and is {speed} faster")
+            elif r["verdict"] == "slower":
+                said.append(f"{pol} {moved} but is slower ({speed})")
+            else:
+                said.append(f"{pol} {moved}, with no significant step-time difference")
+        parts.append(f"{str(par).upper()}: {', '.join(said)}")
+    text = (
+        "Training, low-precision gain by parallelism (each policy against its full-precision reference, same "
+        "model and world): " + "; ".join(parts) + "."
+    )
+    return [text + (" " + CPU_TIMING_NOTE if timed_on_cpu(run.training) else "")]
+
+
 def link_findings(df: pd.DataFrame) -> list[str]:
     """How much of its link each collective reaches ("is my number good?"): per collective, group and precision
     the largest size's ``link_util`` with its interval (``core.records.link_phrase``); where a group crosses no
@@ -315,7 +359,7 @@ def findings(run: RunData) -> list[str]:
     """The report's first section: sentences built from significant results only (a winner, a crossover, a
     speed-up is stated only where its 95 % interval excludes 1), then the noisy points counted, then how much of
     its link each collective reaches."""
-    out = _sweep_findings(run) + _training_findings(run.training)
+    out = _sweep_findings(run) + _training_findings(run.training) + _parallelism_findings(run)
     df = run.results
     if not df.empty and "noisy" in df.columns and df["noisy"].notna().any():
         noisy = int(df["noisy"].map(_is_true).sum())

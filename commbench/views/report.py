@@ -25,7 +25,11 @@ from commbench.views.tables import (
     gain_table,
     peak_busbw_table,
 )
-from commbench.views.training_tables import training_bf16_fp16_table, training_gain_table
+from commbench.views.training_tables import (
+    training_bf16_fp16_table,
+    training_gain_table,
+    training_parallelism_table,
+)
 
 __all__ = ["FULL_RESULT_COLUMNS", "build_tables", "write_report"]
 
@@ -66,6 +70,7 @@ def build_tables(run: RunData) -> dict[str, list[Table]]:
             crossover_table(run),
             gain_table(df, reference_precisions(run)),
             training_gain_table(run.training),
+            training_parallelism_table(run.training, run.training_steps),
             training_bf16_fp16_table(run.training),
             peak_busbw_table(df),
         )

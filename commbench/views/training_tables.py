@@ -1,7 +1,10 @@
-"""Views over training.csv rows: the gain of each policy against fp32 and BF16 against FP16 side by side.
+"""Views over training.csv rows: the gain of each policy against fp32, BF16 against FP16 side by side, and the
+low-precision gain of each parallelism (DP, TP, PP) against its own full-precision reference.
 
 Pure pandas over the summary rows a run wrote: nothing here runs a policy or imports torch (the views never
-import torch.distributed), so the pairs of the side-by-side table come from the rows' names and families.
+import torch.distributed), so the pairs of the side-by-side table come from the rows' names and families, and the
+parallelism comparison from the rows' `parallelism` and `reference_policy` columns (the runner asks the policy
+objects and writes their answers down).
 """
 
 from __future__ import annotations
@@ -11,23 +14,32 @@ from typing import Any
 
 import pandas as pd
 
+from commbench.core import stats
 from commbench.core.units import human_bytes
 from commbench.views.rundata import memory_kind_text
 from commbench.views.tables import Table, as_float, fmt, frame_table, interval, time_interval, verdict
 
 __all__ = [
+    "CPU_TIMING_NOTE",
+    "DEFAULT_PARALLELISM",
     "GAIN_COLUMNS",
     "bf16_vs_fp16",
     "bf16_fp16_pairs",
+    "gain_by_parallelism",
+    "gain_by_parallelism_lines",
     "gain_table",
+    "timed_on_cpu",
     "training_bf16_fp16_table",
     "training_gain_table",
+    "training_parallelism_table",
     "training_speed",
 ]
 
 GAIN_COLUMNS: tuple[str, ...] = (
     "policy",
     "family",
+    "parallelism",
+    "reference_policy",
     "comm_dtype",
     "speedup_vs_fp32",
     "mem_saved_vs_fp32",
@@ -158,3 +170,211 @@ def training_bf16_fp16_table(t: pd.DataFrame) -> Table | None:
     if pairs.empty:
         return None
     return frame_table("training-bf16-fp16", "Training: BF16 against FP16, side by side", pairs)
+
+
+# --- the low-precision gain of each parallelism against its own reference ------------------------------------
+
+DEFAULT_PARALLELISM = "dp"
+"""What a row without a `parallelism` value was: runs written before the column existed had only data-parallel
+policies."""
+
+CPU_TIMING_NOTE = (
+    "Timed with gloo on CPU cores: the speed-ups here do not transfer to NCCL over NVLink or InfiniBand, where the "
+    "links are faster, the compute of a step is a GPU's and communication is a different share of it; the bytes "
+    "saved do transfer (they are counted, not timed)."
+)
+"""Said wherever a CPU run's training speed-ups are shown (table note, finding, console)."""
+
+
+def _text(v: Any) -> str:
+    """A string cell ('' for missing: an empty string reads back from CSV as NaN)."""
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def timed_on_cpu(summary: pd.DataFrame) -> bool:
+    """True when the rows were timed on CPU devices only (the `device` column: cpu, never cuda:N)."""
+    if "device" not in summary.columns:
+        return False
+    devices = {_text(d).split(":")[0] for d in summary["device"]} - {""}
+    return bool(devices) and devices == {"cpu"}
+
+
+def _step_estimate(r: Any) -> stats.Estimate:
+    """A summary row's median step time with its 95 % order-statistic interval (what build_rows wrote)."""
+    n = as_float(r.get("steps"))
+    return stats.Estimate(
+        as_float(r.get("step_time_us_p50")),
+        as_float(r.get("step_time_us_ci_low")),
+        as_float(r.get("step_time_us_ci_high")),
+        0 if math.isnan(n) else int(n),
+    )
+
+
+def _step_bytes(steps: pd.DataFrame | None, policy: str) -> list[float]:
+    """The bytes counted in each measured (non-warm-up) step of `policy`, when the run has its steps."""
+    if steps is None or steps.empty or not {"policy", "comm_bytes"} <= set(steps.columns):
+        return []
+    sel = steps["policy"].astype(str) == policy
+    if "warmup" in steps.columns:
+        sel &= ~steps["warmup"].map(lambda w: w is True or str(w) == "True")
+    return [float(v) for v in steps.loc[sel, "comm_bytes"] if math.isfinite(as_float(v))]
+
+
+def gain_by_parallelism(summary: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per low-precision policy (a row with a `reference_policy`), grouped by parallelism in the order the
+    run met them: its speed-up over its reference with the 95 % interval and verdict, and the bytes of both.
+
+    The speed-up is the reference's median step time over the policy's, an unpaired ratio (policies are timed one
+    after the other) whose interval combines the two medians' order-statistic intervals in log space
+    (`stats.ratio_of`), exactly as `speedup_vs_fp32` is formed against the baseline. Bytes are counted, not sampled:
+    `comm_bytes_ratio` is the policy's bytes per step over the reference's, and with `steps` (training_steps.csv)
+    its range over the measured steps (`comm_ratio_low` / `_high`: the fewest of one over the most of the other),
+    a single point where every step sends the same bytes. `final_loss_drift` is against the reference.
+    """
+    cols = [
+        "parallelism", "policy", "reference_policy", "comm_dtype", "speedup", "speedup_ci_low", "speedup_ci_high",
+        "verdict", "comm_bytes_per_step", "reference_comm_bytes_per_step", "comm_bytes_ratio", "comm_ratio_low",
+        "comm_ratio_high", "comm_saved", "final_loss_drift", "note",
+    ]  # fmt: skip
+    if summary.empty or not {"policy", "reference_policy"} <= set(summary.columns):
+        return pd.DataFrame(columns=cols)
+    rows = summary.drop_duplicates("policy", keep="last")
+    by_name = {str(r["policy"]): r for _, r in rows.iterrows()}
+    out: list[dict[str, Any]] = []
+    for _, r in rows.iterrows():
+        ref_name = _text(r.get("reference_policy"))
+        if not ref_name:
+            continue
+        pol = str(r["policy"])
+        row: dict[str, Any] = dict.fromkeys(cols, math.nan)
+        row.update(
+            parallelism=_text(r.get("parallelism")) or DEFAULT_PARALLELISM,
+            policy=pol,
+            reference_policy=ref_name,
+            comm_dtype=_text(r.get("comm_dtype")),
+            comm_bytes_per_step=as_float(r.get("comm_bytes_per_step")),
+            verdict="",
+            note="",
+        )
+        ref = by_name.get(ref_name)
+        if ref is None:
+            row["note"] = "reference not in this run"
+        elif _text(r.get("error")) or _text(ref.get("error")):
+            row["note"] = "policy skipped" if _text(r.get("error")) else "reference skipped"
+        else:
+            speed = stats.invert(stats.ratio_of(_step_estimate(r), _step_estimate(ref)))
+            ref_bytes = as_float(ref.get("comm_bytes_per_step"))
+            ratio = row["comm_bytes_per_step"] / ref_bytes if ref_bytes > 0 else math.nan
+            mine, theirs = _step_bytes(steps, pol), _step_bytes(steps, ref_name)
+            low = min(mine) / max(theirs) if mine and theirs and max(theirs) > 0 else math.nan
+            high = max(mine) / min(theirs) if mine and theirs and min(theirs) > 0 else math.nan
+            row.update(
+                speedup=speed.value,
+                speedup_ci_low=speed.low,
+                speedup_ci_high=speed.high,
+                verdict=verdict(speed.low, speed.high),
+                reference_comm_bytes_per_step=ref_bytes,
+                comm_bytes_ratio=ratio,
+                comm_ratio_low=low,
+                comm_ratio_high=high,
+                comm_saved=1.0 - ratio,
+                final_loss_drift=as_float(r.get("final_loss")) - as_float(ref.get("final_loss")),
+            )
+        out.append(row)
+    df = pd.DataFrame(out, columns=cols)
+    first = {p: i for i, p in reversed(list(enumerate(df["parallelism"])))}
+    return df.sort_values("parallelism", key=lambda s: s.map(first), kind="stable").reset_index(drop=True)
+
+
+def _saved_text(r: Any) -> str:
+    """'−50 %' of bytes saved, with the range over the steps when the steps did not all count the same bytes."""
+    ratio, low, high = (
+        as_float(r.get("comm_bytes_ratio")),
+        as_float(r.get("comm_ratio_low")),
+        as_float(r.get("comm_ratio_high")),
+    )
+    if math.isnan(ratio):
+        return ""
+    text = f"{(ratio - 1) * 100:+.0f} %"
+    if not (math.isnan(low) or math.isnan(high)) and f"{(low - 1) * 100:+.0f}" != f"{(high - 1) * 100:+.0f}":
+        text += f" [{(low - 1) * 100:+.0f}–{(high - 1) * 100:+.0f}]"
+    return text
+
+
+def _bytes_text(r: Any) -> tuple[str, str]:
+    ref, mine = as_float(r.get("reference_comm_bytes_per_step")), as_float(r.get("comm_bytes_per_step"))
+    return ("" if math.isnan(ref) else human_bytes(ref)), ("" if math.isnan(mine) else human_bytes(mine))
+
+
+def training_parallelism_table(t: pd.DataFrame, steps: pd.DataFrame | None = None) -> Table | None:
+    """The low-precision gain of each parallelism side by side: each low-precision policy against the full-precision
+    policy of its own parallelism (tp_bf16 against tp_fp32, amp_bf16 against DDP fp32), at the run's model and
+    world."""
+    g = gain_by_parallelism(t, steps)
+    if g.empty:
+        return None
+    rows = []
+    for _, r in g.iterrows():
+        ref_bytes, my_bytes = _bytes_text(r)
+        rows.append(
+            [
+                str(r["parallelism"]).upper(),
+                str(r["policy"]),
+                str(r["reference_policy"]) + (f" ({r['note']})" if r["note"] else ""),
+                interval(r["speedup"], r["speedup_ci_low"], r["speedup_ci_high"]),
+                str(r["verdict"]),
+                ref_bytes,
+                my_bytes,
+                _saved_text(r),
+                fmt(r["final_loss_drift"]),
+            ]
+        )
+    worlds = sorted({int(w) for w in t.get("world_size", pd.Series(dtype=float)).dropna()})
+    models = sorted({_text(m) for m in t.get("model", pd.Series(dtype=object))} - {""})
+    where = ", ".join([*models, *(f"{w} ranks" for w in worlds)])
+    note = (f"Same model and world ({where}). " if where else "") + (
+        "Speed-up: the reference's median step time over the policy's, 95 % interval of the unpaired ratio; a "
+        "verdict only where it excludes 1. Bytes per step per rank are counted, not sampled (a range only where the "
+        "steps differ). Drift: final loss minus the reference's."
+    )
+    if timed_on_cpu(t):
+        note += " " + CPU_TIMING_NOTE
+    return Table(
+        "training-parallelism",
+        "Training: low-precision gain by parallelism (each policy against its full-precision reference)",
+        [
+            "parallelism",
+            "policy",
+            "reference",
+            "speed-up vs reference [95 % CI]",
+            "verdict",
+            "reference comm/step",
+            "policy comm/step",
+            "bytes (vs reference)",
+            "final-loss drift vs reference",
+        ],
+        rows,
+        note,
+    )
+
+
+def gain_by_parallelism_lines(t: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
+    """The same comparison as lines for the end of a training run's console output (the console wraps them to the
+    terminal), then the CPU note where it applies; no lines when the run has no low-precision policy with a
+    reference."""
+    g = gain_by_parallelism(t, steps)
+    if g.empty:
+        return []
+    lines = ["low-precision gain by parallelism: speed-up vs its reference [95 % CI], bytes per step per rank"]
+    for _, r in g.iterrows():
+        ref_bytes, my_bytes = _bytes_text(r)
+        speed = interval(r["speedup"], r["speedup_ci_low"], r["speedup_ci_high"]) or "n/a"
+        said = str(r["verdict"]) or str(r["note"])
+        moved = f" {ref_bytes} -> {my_bytes} ({_saved_text(r)})" if ref_bytes and my_bytes else ""
+        lines.append(
+            f"  {str(r['parallelism']).upper():<5} {str(r['policy']):<14} vs {str(r['reference_policy']):<9} "
+            f"{speed} {said}{moved}"
+        )
+    if timed_on_cpu(t):
+        lines.append(CPU_TIMING_NOTE)
+    return lines
