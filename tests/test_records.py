@@ -167,6 +167,8 @@ def test_schema_1_example_still_loads(tmp_path: Path) -> None:
     training = commbench.load_training(EXAMPLE)
     assert len(training) == len((EXAMPLE / "training.csv").read_text().splitlines()) - 1 > 0
     assert all(isinstance(w, str) for w in training["warnings"])
+    # columns added since (issue 24: parallelism, reference_policy) read back missing, not as an error
+    assert {"parallelism", "reference_policy"} <= set(training.columns) and training["reference_policy"].isna().all()
     assert len(commbench.load_training_steps(EXAMPLE)) > 0
     assert list(commbench.load_crossover(EXAMPLE).columns) == list(commbench.store.results.CROSSOVER_COLUMNS)
     # a schema-1 directory reduced to its journals (no CSV, no parquet) loads the same rows
