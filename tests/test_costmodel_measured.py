@@ -167,6 +167,7 @@ def test_a_real_log_warns_outside_its_sizes_world_and_nodes(a3mega: pd.DataFrame
     worst = max(abs(sum(v) / 2e6 / (f.alpha_s * 30 + f.beta_s_per_byte * s * 30 / 16) - 1) for s, v in log.items())
     assert worst > RESIDUAL_WARN
     assert any("the fit misses its own points by up to" in w for w in wider.warnings)
+    assert "# warning all_reduce/fp32/world: the fit misses its own points by up to" in model.format_summary()
 
 
 # ------------------------------------------------------------------------------------------------ missing

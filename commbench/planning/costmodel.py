@@ -597,6 +597,12 @@ class CostModel:
                 for c in curves
             )
             lines.append(f"# measured {'/'.join(mkey)} (priced from these points inside their sizes): {kept}")
+        for f in self.fits.values():
+            if abs(f.worst_rel_residual) > RESIDUAL_WARN:
+                lines.append(
+                    f"# warning {f.collective}/{f.precision}/{f.group}: the fit misses its own points by up to "
+                    f"{f.worst_rel_residual:+.0%} (at {f.worst_where}); prices outside the measured points are approximate"
+                )
         for key, why in self.skipped.items():
             lines.append(f"# skipped {key}: {why}")
         return "\n".join(lines)
