@@ -191,10 +191,22 @@ class EmulatedCluster:
     """
 
     def __init__(
-        self, nodes: int = 2, rate: str | None = None, prefix: str = DEFAULT_PREFIX, burst: str | None = None
+        self,
+        nodes: int = 2,
+        rate: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        burst: str | None = None,
+        node_rates: Mapping[int, str] | None = None,
     ) -> None:
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be in 1..{MAX_NODES}, got {nodes}")
+        # A node whose link is shaped apart from the others' (a degraded NIC, for the gate's tests): its rate
+        # replaces ``rate`` on its two tbf queues; each node reads its own shaping back (tc) for link_util.
+        self.node_rates = dict(node_rates or {})
+        for i, r in self.node_rates.items():
+            if not 0 <= i < nodes:
+                raise ValueError(f"node_rates names node {i}; nodes are 0..{nodes - 1}")
+            rate_bits_per_s(r)
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,15}", prefix):
             raise ValueError(f"prefix must be a letter then up to 15 letters, digits or _, got {prefix!r}")
         self.rate = rate
@@ -263,16 +275,23 @@ class EmulatedCluster:
                 self._ip(n.netns, "addr", "add", f"{n.address}/16", "dev", n.ifname)
                 self._ip(n.netns, "link", "set", n.ifname, "up")
                 self._ip(n.netns, "link", "set", "lo", "up")
-                if self.rate is not None:
+                rate = self.node_rates.get(n.index, self.rate)
+                if rate is not None:
                     # A queue of 1 s at the rate: a collective puts whole MiB-sized buffers on the link at once (two
                     # inter-node groups share a node's link), and a shorter queue overflowed and ran large
                     # all_gathers below the rate (figures: benchmarks/results/2026-12-01_2core-vm_gloo.md).
                     for ns, dev in ((n.netns, n.ifname), (self.hub, n.bridge_port)):
                         _sh(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-                             "rate", self.rate, "burst", str(self.burst), "latency", QUEUE_LATENCY])  # fmt: skip
+                             "rate", rate, "burst", self._burst(rate), "latency", QUEUE_LATENCY])  # fmt: skip
         except BaseException:
             self.close()
             raise
+
+    def _burst(self, rate: str) -> str:
+        """The cluster's burst at ``rate`` (a given ``burst`` wins; else the rule in ``__init__``)."""
+        if rate == self.rate and self.burst:
+            return str(self.burst)
+        return f"{max(96 * 1024, int(rate_bits_per_s(rate) / 8 * 0.001))}b"
 
     def _add_ns(self, ns: str) -> None:
         _sh(["ip", "netns", "add", ns])
@@ -396,6 +415,7 @@ class EmulatedCluster:
         lines = [f"cluster {self.name}: bridge {self.bridge} in netns {self.hub}, links {shaping}"]
         lines += [
             f"  node{n.index}: netns {n.netns}  host {n.hostname}  {n.ifname} {n.address}/16  <-> {n.bridge_port}"
+            + (f"  tbf {self.node_rates[n.index]}" if n.index in self.node_rates else "")
             for n in self.nodes
         ]
         return "\n".join(lines)
@@ -669,6 +689,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rate", default=None, help="shape every host's link to this tc rate, e.g. 200mbit, 1gbit (default: unshaped)"
     )
+    p.add_argument(
+        "--node-rate", action="append", default=[], metavar="I=RATE",
+        help="shape node I's link to RATE instead of --rate (a slow node), e.g. 1=50mbit; repeatable",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=600, help="seconds before the whole job is killed (default 600)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"namespace name prefix (default {DEFAULT_PREFIX})")
     p.add_argument(
@@ -691,7 +715,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.nodes < 1 or args.nproc_per_node < 1:
             raise ValueError(f"--nodes and --nproc-per-node must be >= 1, got {args.nodes} and {args.nproc_per_node}")
-        cluster = EmulatedCluster(nodes=args.nodes, rate=args.rate, prefix=args.prefix)
+        node_rates = {}
+        for item in args.node_rate:
+            i, sep, r = item.partition("=")
+            if not sep or not i.strip().isdigit():
+                raise ValueError(f"--node-rate must look like 1=50mbit (node index = tc rate), got {item!r}")
+            node_rates[int(i)] = r.strip()
+        cluster = EmulatedCluster(nodes=args.nodes, rate=args.rate, prefix=args.prefix, node_rates=node_rates)
     except ValueError as e:
         print(f"commbench.emulate: error: {e}", file=sys.stderr)
         return 2
