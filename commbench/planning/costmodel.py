@@ -601,7 +601,8 @@ class CostModel:
             if abs(f.worst_rel_residual) > RESIDUAL_WARN:
                 lines.append(
                     f"# warning {f.collective}/{f.precision}/{f.group}: the fit misses its own points by up to "
-                    f"{f.worst_rel_residual:+.0%} (at {f.worst_where}); prices outside the measured points are approximate"
+                    f"{f.worst_rel_residual:+.0%} (at {f.worst_where}); prices outside the measured points are "
+                    "approximate"
                 )
         for key, why in self.skipped.items():
             lines.append(f"# skipped {key}: {why}")
