@@ -72,7 +72,9 @@ class Recompute:
     """Forward passes added per step, as a fraction of one (full: 1)."""
     description: str
 
-    def layer_bytes(self, s: int, b: int, h: int, ffn: int, heads: int, t: int, sp: bool, attention: Attention) -> float:
+    def layer_bytes(
+        self, s: int, b: int, h: int, ffn: int, heads: int, t: int, sp: bool, attention: Attention
+    ) -> float:
         """Bytes per layer and rank (module docstring's table)."""
         if not self.keeps_layer:
             return 2.0 * s * b * h / (t if sp else 1)

@@ -108,13 +108,15 @@ def model_shape(preset: str | None = None, **overrides: Any) -> ModelShape | Non
         base = MODELS[preset]
         shape = replace(base, **given) if given else base
         if given:
-            shape = replace(shape, source=f"{base.source}; overridden: {', '.join(f'{k}={v}' for k, v in given.items())}")
+            shape = replace(
+                shape, source=f"{base.source}; overridden: {', '.join(f'{k}={v}' for k, v in given.items())}"
+            )
     else:
         if not any(k in given for k in SHAPE_FIELDS if k != "seq"):  # a sequence alone is tokens, not a shape
             return None
         if "heads" in given and "kv_heads" not in given:
             given["kv_heads"] = given["heads"]
-        missing = [k for k in SHAPE_FIELDS if k not in given]
+        missing = [k for k in SHAPE_FIELDS if k not in given and k != "kv_heads"]  # kv heads default to heads
         if missing:
             raise ValueError(
                 f"a model shape without --model-preset needs {', '.join('--' + k.replace('_', '-') for k in missing)} "

@@ -326,16 +326,16 @@ def search(
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ValueError(f"GPU counts must be integers >= 1, got {count!r}")
             if count > g.gpus_per_node and count % g.gpus_per_node:
-                raise ValueError(
-                    f"{count} GPUs is not a whole number of {g.name} nodes ({g.gpus_per_node} GPUs each)"
-                )
+                raise ValueError(f"{count} GPUs is not a whole number of {g.name} nodes ({g.gpus_per_node} GPUs each)")
     if target_tokens_per_s is not None and not (math.isfinite(target_tokens_per_s) and target_tokens_per_s > 0):
         raise ValueError(f"target tokens/s must be a positive number, got {target_tokens_per_s!r}")
     for name, v in (("micro_batch", micro_batch), ("global_batch_tokens", global_batch_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     loaded = _load_model(model)
-    cost: CostModel | StatedLinks = loaded if loaded is not None else StatedLinks(g.nvlink_gbps, g.network_gbps, g.source)
+    cost: CostModel | StatedLinks = (
+        loaded if loaded is not None else StatedLinks(g.nvlink_gbps, g.network_gbps, g.source)
+    )
     setting = Setting(shape, g, float(mfu), micro_batch, global_batch_tokens, attention, recompute, optimizer,
                       float(device_memory or g.memory_bytes))  # fmt: skip
     tps = list(tp) if tp else _powers_of_two(g.gpus_per_node)
