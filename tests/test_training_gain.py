@@ -167,8 +167,8 @@ def test_table_console_and_finding_say_the_same() -> None:
     run = RunData(Path("."), pd.DataFrame(), {}, training=summary, training_steps=steps)
     said = [f for f in findings(run) if "by parallelism" in f]
     assert len(said) == 1
-    assert f"TP: tp_bf16 saves 25% of tp_fp32's bytes per step and is {_ci_text(tp)} faster;" in said[0]
-    assert "DP: amp_bf16 sends as many bytes per step as fp32, with no significant step-time difference" in said[0]
+    assert f"TP: tp_bf16 saves 25% of tp_fp32's bytes per step and is {_ci_text(tp)} faster. DP: " in said[0]
+    assert "DP: amp_bf16 sends as many bytes per step as fp32, with no significant step-time difference; " in said[0]
     assert f"bf16_hook saves 49% of fp32's bytes per step but is slower ({_ci_text(dp_slow)})" in said[0]
     assert "hsdp_bf16" not in said[0]  # no reference, nothing to state
     assert said[0].endswith(CPU_TIMING_NOTE)

@@ -326,10 +326,10 @@ def _parallelism_findings(run: RunData) -> list[str]:
                 said.append(f"{pol} {moved} but is slower ({speed})")
             else:
                 said.append(f"{pol} {moved}, with no significant step-time difference")
-        parts.append(f"{str(par).upper()}: {', '.join(said)}")
+        parts.append(f"{str(par).upper()}: {'; '.join(said)}.")
     text = (
         "Training, low-precision gain by parallelism (each policy against its full-precision reference, same "
-        "model and world): " + "; ".join(parts) + "."
+        "model and world): " + " ".join(parts)
     )
     return [text + (" " + CPU_TIMING_NOTE if timed_on_cpu(run.training) else "")]
 
