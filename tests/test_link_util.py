@@ -168,3 +168,43 @@ def test_console_prints_the_link_and_a_link_column(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out.splitlines()
     assert "# link: inter-node: 1 × 200 Mb/s tbf (eth0) on h1; link = busbw / 0.025 GB/s" in out
     assert out[-1].endswith("  0.84") and all(len(line) < 100 for line in out)
+
+
+def test_gpu_link_asks_nvml_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a fake pynvml with NVML's documented calls: an H100 SXM (architecture code 9) with 18 NVLinks enabled and
+    # an error past the last link (NVML_ERROR_INVALID_ARGUMENT), and a PCIe-only GPU (its links: not supported)
+    import sys
+    import types
+
+    from commbench.cluster.metadata import gpu_link
+
+    class NVMLError(Exception):
+        pass
+
+    def fake(arch: int, links: int, gen: int, width: int) -> types.ModuleType:
+        nv = types.ModuleType("pynvml")
+        calls: list[str] = []
+
+        def state(h: object, link: int) -> int:
+            if link >= links:
+                raise NVMLError("invalid argument" if links else "not supported")
+            return 1
+
+        nv.__dict__.update(
+            NVML_FEATURE_ENABLED=1, NVML_NVLINK_MAX_LINKS=18, NVMLError=NVMLError, calls=calls,
+            nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+            nvmlDeviceGetHandleByIndex=lambda i: ("gpu", i), nvmlDeviceGetArchitecture=lambda h: arch,
+            nvmlDeviceGetNvLinkState=state, nvmlDeviceGetMaxPcieLinkGeneration=lambda h: gen,
+            nvmlDeviceGetCurrPcieLinkWidth=lambda h: width,
+        )  # fmt: skip
+        return nv
+
+    h100 = fake(9, 18, 5, 16)
+    monkeypatch.setitem(sys.modules, "pynvml", h100)
+    assert gpu_link(0) == (450.0, "18 × NVLink (hopper, 25 GB/s each)")
+    assert h100.calls == ["init", "shutdown"]
+    monkeypatch.setitem(sys.modules, "pynvml", fake(8, 0, 4, 16))  # an Ada GPU on PCIe gen4 x16
+    rate, label = gpu_link(0)
+    assert label == "PCIe gen4 x16" and rate == pytest.approx(16 * 128 / 130 / 8 * 16, rel=1e-3)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
+    assert gpu_link(0)[0] is None

@@ -217,6 +217,8 @@ NVLINK_GBPS = {"pascal": 20.0, "volta": 25.0, "ampere": 25.0, "hopper": 25.0, "b
 """GB/s per NVLink link and direction by GPU architecture (NVIDIA's data sheets: P100 160 GB/s over 4 links,
 V100 300 GB/s over 6, A100 600 GB/s over 12, H100 900 GB/s over 18, B200 1.8 TB/s over 18, all counted in
 both directions)."""
+NVML_ARCH = {"pascal": 4, "volta": 5, "ampere": 7, "hopper": 9, "blackwell": 10}
+"""``nvmlDeviceArchitecture_t`` codes (nvml.h), for a pynvml too old to name the newer ones."""
 PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 """GB/s per lane and direction by PCIe generation (2.5/5 GT/s with 8b/10b; 8/16/32 GT/s with 128b/130b; 64 GT/s
 PAM4 with FLIT: 242/256 of 8 GB/s)."""
@@ -244,7 +246,7 @@ def gpu_link(index: int) -> tuple[float | None, str]:
     try:
         h = nv.nvmlDeviceGetHandleByIndex(index)
         arch_code = nv.nvmlDeviceGetArchitecture(h)
-        arch = next((k for k in NVLINK_GBPS if getattr(nv, f"NVML_DEVICE_ARCH_{k.upper()}", None) == arch_code), None)
+        arch = next((k for k, code in NVML_ARCH.items() if getattr(nv, f"NVML_DEVICE_ARCH_{k.upper()}", code) == arch_code), None)
         links = 0
         for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
             try:
