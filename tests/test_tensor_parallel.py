@@ -1,9 +1,12 @@
-"""Tensor parallelism (training/tensor_parallel.py): counted bytes against Megatron-LM's formula, written out here
-independently (4 all-reduces of b*s*h per layer per micro-batch, bus factor 2(n-1)/n), and the sharded model's
-step-0 loss and gradient norm against the unsharded model's on the same weights and batch."""
+"""Tensor parallelism (training/tensor_parallel.py, tp_styles.py): counted bytes against Megatron-LM's formulas,
+written out here independently from the model's dimensions (Narayanan et al. 2021; Korthikanti et al. 2022, section
+4.2.2; FSDP2's all-gather / reduce-scatter per unit for the 2-D layout), and every sharded model's step-0 loss and
+gradient norm against the unsharded model's on the same weights and batch. One spawned world per size runs every TP
+policy."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -15,8 +18,14 @@ SECTION = dict(
     steps=1, warmup_steps=1, measure_memory=False, comm_timed_steps=0,
 )  # fmt: skip
 
+TP_POLICIES = (
+    "tp_fp32", "tp_bf16", "tp_bf16comm", "tp_sp_fp32", "tp_sp_bf16", "tp_sp_fp8", "tp_dp_fp32", "tp_dp_bf16",
+)  # fmt: skip
+TWO_D = ("tp_dp_fp32", "tp_dp_bf16")
+FP32_COMPUTE_EXACT = ("tp_fp32", "tp_sp_fp32", "tp_dp_fp32")
 
-def _rank(rank: int, n: int) -> dict[str, Any]:
+
+def _rank(rank: int, n: int, tp_degree: int) -> dict[str, Any]:
     import torch
 
     from commbench.core import plugins
@@ -26,10 +35,15 @@ def _rank(rank: int, n: int) -> dict[str, Any]:
     from commbench.training.runner import PolicySession
 
     plugins.load()
-    sec = TrainingConfig.coerce(SECTION)
+    sec = TrainingConfig.coerce({**SECTION, "tp_degree": tp_degree})
     out: dict[str, Any] = {}
-    for name in ("tp_fp32", "tp_bf16"):
-        sess = PolicySession(get_policy(name), sec, torch.device("cpu"))
+    for name in TP_POLICIES:
+        policy = get_policy(name).configure(sec)
+        reason = policy.sharding.layout_error(n)
+        if reason:
+            out[name] = reason
+            continue
+        sess = PolicySession(policy, sec, torch.device("cpu"))
         with sess.counter:
             sess.instrumented_step(0)
             calls, counted = dict(sess.counter.calls), sess.counter.snapshot()
@@ -47,40 +61,116 @@ def _rank(rank: int, n: int) -> dict[str, Any]:
     return out
 
 
-def _megatron(n: int) -> dict[str, float]:
-    """Bus bytes per step: 2 forward all-reduces per layer in the activation dtype, 2 backward ones in fp32 (the
-    LayerNorm before each column-wise Linear returns fp32, under CPU autocast too)."""
-    b = SECTION["batch_size"] * n  # the TP group's micro-batch: the batches of the ranks it replaces
-    elems = b * SECTION["seq_len"] * SECTION["d_model"]
-    factor = 2 * (n - 1) / n
-    per_op = 2 * SECTION["n_layers"] * elems * factor
-    return {"fp32": {"all_reduce:float": 2 * per_op * 4},
-            "bf16": {"all_reduce:bfloat16": per_op * 2, "all_reduce:float": per_op * 4}}  # type: ignore[return-value]
+# --- the formulas, from the model's dimensions --------------------------------------------------------------------
+
+F32, B16 = "float", "bfloat16"
+SIZE = {F32: 4, B16: 2}
 
 
-@pytest.mark.timeout(240)
+def _add(out: dict[str, float], key: str, v: float) -> None:
+    out[key] = out.get(key, 0.0) + v
+
+
+def _tp(
+    t: int, *, sp: bool, fwd_out: str, col_in: str, stream: str = F32, fp8_gather: bool = False
+) -> dict[str, float]:
+    """Bus bytes per step of one TP group of t ranks. Every parallelised activation here is b*s*h elements (qkv and fc
+    take h features in, proj and out give h out); b = the group's micro-batch (its ranks' batches together).
+
+    No SP: 4 all-reduces per layer, 2(t-1)/t each: the row-wise outputs (forward) in `fwd_out`, the column-wise
+    inputs' gradients (backward) in `col_in`. SP: per layer 2 all-gathers + 2 reduce-scatters forward and the same
+    backward, (t-1)/t each: column-wise inputs gathered (fp8: one byte per element + one fp32 scale per rank's
+    slice) and their gradients reduce-scattered in `col_in`, row-wise outputs reduce-scattered and their gradients
+    gathered in `fwd_out`; the region's entry and exit one all-gather of b*s*h each in `stream`; the 2 LayerNorms'
+    weight and bias gradients (h each) all-reduced once in fp32."""
+    h, layers = SECTION["d_model"], SECTION["n_layers"]
+    elems = SECTION["batch_size"] * t * SECTION["seq_len"] * h
+    out: dict[str, float] = {}
+    if not sp:
+        _add(out, f"all_reduce:{fwd_out}", 2 * layers * 2 * (t - 1) / t * elems * SIZE[fwd_out])
+        _add(out, f"all_reduce:{col_in}", 2 * layers * 2 * (t - 1) / t * elems * SIZE[col_in])
+        return out
+    half = (t - 1) / t
+    if fp8_gather:
+        _add(out, "all_gather:uint8", 2 * layers * half * t * (elems // t + 4))
+    else:
+        _add(out, f"all_gather:{col_in}", 2 * layers * half * elems * SIZE[col_in])
+    _add(out, f"reduce_scatter:{col_in}", 2 * layers * half * elems * SIZE[col_in])
+    _add(out, f"reduce_scatter:{fwd_out}", 2 * layers * half * elems * SIZE[fwd_out])
+    _add(out, f"all_gather:{fwd_out}", 2 * layers * half * elems * SIZE[fwd_out])
+    _add(out, f"all_gather:{stream}", 2 * half * elems * SIZE[stream])
+    _add(out, "all_reduce:float", 4 * layers * 2 * (t - 1) / t * h * 4)
+    return out
+
+
+def _fsdp2(t: int, d: int) -> dict[str, float]:
+    """FSDP2 over d data-parallel ranks of the parameters one TP rank of t holds: per block unit all-gathered twice
+    (forward, then again for backward) and reduce-scattered once, the root unit (embeddings, final norm, head) once
+    each; each parameter's shard is ceil(dim0 / d) rows, fp32; bus (d-1)/d of the d shards."""
+    h, v, s = SECTION["d_model"], SECTION["vocab"], SECTION["seq_len"]
+    block = [(3 * h // t, h), (3 * h // t,), (h, h // t), (h,), (h,), (h,), (h,), (h,), (4 * h // t, h), (4 * h // t,),
+             (h, 4 * h // t), (h,)]  # fmt: skip
+    root = [(v, h), (s, h), (h,), (h,), (v, h)]
+
+    def shard(shapes: list[tuple[int, ...]]) -> int:
+        return sum(math.ceil(sh[0] / d) * math.prod(sh[1:]) for sh in shapes)
+
+    bus = (d - 1) / d * d * 4
+    gathered = SECTION["n_layers"] * 2 * shard(block) + shard(root)
+    reduced = SECTION["n_layers"] * shard(block) + shard(root)
+    return {"all_gather:float": bus * gathered, "reduce_scatter:float": bus * reduced}
+
+
+def _merge(*parts: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.items():
+            _add(out, k, v)
+    return out
+
+
+def _expected(name: str, n: int, tp_degree: int) -> dict[str, float]:
+    if name in TWO_D:
+        t = tp_degree or n // 2
+        tp = _tp(t, sp=False, fwd_out=B16 if name == "tp_dp_bf16" else F32, col_in=F32)
+        return _merge(tp, _fsdp2(t, n // t))
+    return {
+        "tp_fp32": _tp(n, sp=False, fwd_out=F32, col_in=F32),
+        "tp_bf16": _tp(n, sp=False, fwd_out=B16, col_in=F32),  # CPU autocast: LayerNorm returns fp32
+        "tp_bf16comm": _tp(n, sp=False, fwd_out=B16, col_in=B16),
+        "tp_sp_fp32": _tp(n, sp=True, fwd_out=F32, col_in=F32),
+        "tp_sp_bf16": _tp(n, sp=True, fwd_out=B16, col_in=F32),
+        "tp_sp_fp8": _tp(n, sp=True, fwd_out=B16, col_in=B16, stream=B16, fp8_gather=True),
+    }[name]
+
+
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_tp_bytes_and_loss(nproc: int) -> None:
-    results = run_in_world(_rank, nproc=nproc, timeout=200)
-    want = _megatron(nproc)
-    layers = SECTION["n_layers"]
+    results = run_in_world(_rank, nproc=nproc, timeout=380, tp_degree=0)
     for r in results:
-        fp32, bf16 = r["tp_fp32"], r["tp_bf16"]
-        assert fp32["counted"] == pytest.approx(want["fp32"], rel=0, abs=0)
-        assert fp32["expected"] == want["fp32"]
-        assert fp32["calls"] == {"all_reduce:float": 4 * layers}
-        assert bf16["counted"] == want["bf16"]
-        assert bf16["expected"] == want["bf16"]
-        assert bf16["calls"] == {"all_reduce:bfloat16": 2 * layers, "all_reduce:float": 2 * layers}
-        # the sharding (qkv split by heads included) computes the unsharded model's function
-        assert fp32["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
-        assert fp32["grad_norm"] == pytest.approx(r["ref_grad_norm"], rel=1e-4)
-        assert bf16["loss"] == pytest.approx(r["ref_loss"], rel=2e-2)
+        for name in TP_POLICIES:
+            got = r[name]
+            if nproc == 2 and name in TWO_D:  # needs 4 ranks: skipped with its reason
+                assert got == "2-D TP x DP needs at least 4 ranks and a TP degree below the world; world 2, TP degree 1"
+                continue
+            want = _expected(name, nproc, 0)
+            assert got["counted"] == pytest.approx(want, rel=1e-12, abs=0), name
+            assert got["expected"] == pytest.approx(want, rel=1e-12, abs=0), name
+            # the sharding (qkv split by heads, sequence shards, FSDP2 over DP) computes the unsharded function
+            exact = name in FP32_COMPUTE_EXACT
+            assert got["loss"] == pytest.approx(r["ref_loss"], rel=1e-5 if exact else 2e-2), name
+            assert got["grad_norm"] == pytest.approx(r["ref_grad_norm"], rel=1e-4 if exact else 5e-2), name
+        layers = SECTION["n_layers"]
+        assert r["tp_fp32"]["calls"] == {"all_reduce:float": 4 * layers}
+        assert r["tp_bf16comm"]["calls"] == {"all_reduce:bfloat16": 4 * layers}
 
 
 def test_tp_layout_errors() -> None:
+    from commbench.core import plugins
     from commbench.training.config import TrainingConfig
     from commbench.training.models import build_model
+    from commbench.training.policies import get_policy
     from commbench.training.tensor_parallel import check_layout
 
     gpt = build_model(TrainingConfig.coerce(SECTION))
@@ -91,9 +181,73 @@ def test_tp_layout_errors() -> None:
     with pytest.raises(ValueError, match="needs the gpt model"):
         check_layout(mlp, 2)
 
+    plugins.load()
+
+    def reason(name: str, world: int, **keys: Any) -> str | None:
+        sec = TrainingConfig.coerce({**SECTION, **keys})
+        return get_policy(name).configure(sec).sharding.layout_error(world)
+
+    assert reason("tp_fp32", 2) is None and reason("tp_dp_fp32", 4) is None and reason("tp_dp_fp32", 8) is None
+    assert reason("tp_fp32", 3, tp_degree=2) == "tp_degree=2 does not divide world 3"
+    assert reason("tp_dp_fp32", 6, tp_degree=4) == "tp_degree=4 does not divide world 6"
+    assert reason("tp_fp32", 3) == "n_heads=4 is not divisible by the TP degree 3"
+    assert reason("tp_fp32", 4, tp_degree=2) == (
+        "1-D tensor parallelism spans the world; tp_degree=2 < world 4 (the tp_dp_* policies run TP x DP)"
+    )
+    assert (
+        reason("tp_sp_fp32", 4, seq_len=6)
+        == "sequence parallelism needs seq_len divisible by the TP degree 4; seq_len=6"
+    )
+    assert reason("tp_dp_fp32", 4, tp_degree=4).startswith("2-D TP x DP needs at least 4 ranks")
+
+
+def test_tp_formula_for_the_planner() -> None:
+    """The planner's call: a strategy object, Psi, the world and a described layout (no model, no world)."""
+    from commbench.training.strategies import FSDP2, INTER, INTRA, Layout, UnitShape
+    from commbench.training.tensor_parallel import COLWISE, ROWWISE, TensorParallel
+
+    tokens, h = 512, 1024
+    acts = ((COLWISE, h), (ROWWISE, h)) * 2 * 3  # 3 layers
+    layout = Layout(activations=acts, tokens=tokens)
+    plain = TensorParallel(tp=8).comm_bytes(psi=1e9, world_size=8, layout=layout)
+    assert plain == {"all_reduce:float": 12 * 2 * 7 / 8 * tokens * h * 4}
+    sp = TensorParallel(tp=8, sequence_parallel=True).comm_bytes(psi=1e9, world_size=8, layout=layout)
+    assert sp == {"all_gather:float": 12 * 7 / 8 * tokens * h * 4, "reduce_scatter:float": 12 * 7 / 8 * tokens * h * 4}
+    assert sum(sp.values()) == sum(plain.values())  # the same volume (Korthikanti 2022, section 4.2.2)
+    # 2-D over 2 nodes of 8: TP groups of 8 stay on a node, FSDP2's DP groups cross
+    two_d = TensorParallel(tp=8, dp=FSDP2(), parallelism="tp+dp")
+    units = Layout(activations=acts, tokens=tokens, units=(UnitShape(((1 << 20,),)),))
+    links = two_d.comm_by_link(psi=8e6, world_size=16, layout=units, nodes=2)
+    assert links[INTRA] == plain
+    assert links[INTER] == {
+        "all_gather:float": 2 * 1 / 2 * (1 << 20) * 4,
+        "reduce_scatter:float": 1 / 2 * (1 << 20) * 4,
+    }
+
+
+@pytest.mark.timeout(300)
+def test_tp_skipped_on_three_ranks() -> None:
+    rows = run_in_world(_three, nproc=3, timeout=260)[0]
+    assert rows == {
+        "tp_fp32": ("tp_fp32 skipped: tp_degree=2 does not divide world 3", 0),
+        "tp_dp_fp32": ("tp_dp_fp32 skipped: tp_degree=2 does not divide world 3", 0),
+    }
+
+
+def _three(rank: int, n: int) -> dict[str, tuple[str, int]]:
+    import torch
+
+    from commbench.training.runner import run_training
+
+    section = {**SECTION, "tp_degree": 2, "policies": ["tp_fp32", "tp_dp_fp32"]}
+    summaries, _ = run_training(section, device=torch.device("cpu"))
+    return {s.policy: (s.warnings, s.steps) for s in summaries if s.policy != "fp32"}
+
 
 def test_tp_policies_listed() -> None:
     from commbench.training.policies import get_policy, list_policies
 
-    assert {"tp_fp32", "tp_bf16"} <= set(list_policies())
+    assert set(TP_POLICIES) <= set(list_policies())
     assert get_policy("tp_bf16").autocast_name == "bfloat16"
+    assert {get_policy(p).sharding.parallelism for p in TWO_D} == {"tp+dp"}
+    assert get_policy("tp_sp_fp8").reference == "tp_sp_fp32" and get_policy("tp_bf16comm").reference == "tp_fp32"

@@ -493,11 +493,15 @@ class PolicySession:
             return grads
         if self._share is None:
             sharding = self.policy.sharding
-            replicated = [sharding.replicated_grad(p) for p in self.w.model.parameters() if p.grad is not None]
+            with_grad = [p for p in self.w.model.parameters() if p.grad is not None]
+            replicated = [sharding.replicated_grad(p) for p in with_grad]
+            counted = [sharding.counts_grad(p, i) for i, p in enumerate(with_grad)]  # held alike by some ranks
             load = [0] * self.n
             owner = [self.rank] * len(grads)  # a shard is this rank's own
             for i in sorted(range(len(grads)), key=lambda i: -grads[i].numel()):
-                if replicated[i]:
+                if counted[i] is not None:
+                    owner[i] = self.rank if counted[i] else -1
+                elif replicated[i]:
                     r = load.index(min(load))
                     owner[i] = r
                     load[r] += grads[i].numel()
@@ -816,10 +820,12 @@ def _base_numbers(baseline: PolicyRun, section: TrainingConfig, n: int) -> dict[
 
 
 def _error_rows(
-    policy: Policy, section: TrainingConfig, n: int, backend: str, device: torch.device, err: str
+    policy: Policy, section: TrainingConfig, n: int, backend: str, device: torch.device, err: str,
+    agreed_failure: bool = True,
 ) -> TrainingSummary:
     """The row of a policy skipped on every rank: `error` names the failing ranks and their errors; `warnings`
-    says so too (the console prints a row's warnings)."""
+    says so too (the console prints a row's warnings). Without `agreed_failure` (a layout the world cannot form)
+    `err` is the whole line."""
     return TrainingSummary(
         policy=policy.name,
         family=policy.family,
@@ -832,7 +838,7 @@ def _error_rows(
         backend=backend,
         device=str(device),
         steps=0,
-        warnings=f"policy skipped on every rank: {err}",
+        warnings=f"policy skipped on every rank: {err}" if agreed_failure else err,
         notes="",
         error=err,
     )
@@ -900,6 +906,14 @@ def run_training(
         policy = get_policy(name)
         report = rank == 0 and name not in skip
         error = ""
+        reason = policy.configure(sec).sharding.layout_error(n, nodes.count)
+        if reason:  # the world cannot form the layout: one line, nothing run (the same answer on every rank)
+            if report:
+                row = _error_rows(policy, sec, n, backend, device, f"{name} skipped: {reason}", agreed_failure=False)
+                summary_rows.append(row)
+                if on_policy_done is not None:
+                    on_policy_done([row], [])
+            continue
         try:
             run = run_policy(policy, sec, device, nodes, sync)
             if baseline is None and name == BASELINE:

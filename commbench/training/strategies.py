@@ -531,6 +531,12 @@ class Sharding(ABC):
         model-parallel sharding returns a copy with its degrees set; a data-parallel one takes nothing from it."""
         return self
 
+    def layout_error(self, world_size: int, nodes: int = 1) -> str | None:
+        """Why `world_size` ranks on `nodes` nodes cannot form this sharding's layout (one line: a degree that does not
+        divide the world, say), or None. Asked before the model is built: the runner skips the policy with the
+        reason instead of running it. Default: every world works."""
+        return None
+
     def bucket_numels(self, wrapped: nn.Module) -> list[int]:
         """DDP's bucket sizes of a wrapped model (elements), or [] where there are none."""
         return []
@@ -556,6 +562,11 @@ class Sharding(ABC):
         """`param`'s gradient is the same on every rank after communication (the grad-norm statistics then count
         it once over the ranks)."""
         return self.replicated_grads
+
+    def counts_grad(self, param: Any, index: int) -> bool | None:
+        """Whether this rank counts `param` (the `index`-th parameter with a gradient) in the gradient statistics,
+        for gradients held alike by some ranks but not all (2-D layouts); None: decided by `replicated_grad`."""
+        return None
 
     def comm_dtype(self, grad_comm: GradComm) -> str:
         """Report name of the dtype the gradients are communicated in."""
