@@ -201,3 +201,52 @@ def test_ratio_frame_without_intervals_gives_no_verdict() -> None:
     rf = ratio_frame(al, ["A", "B"])
     assert rf["significant"].iloc[0] is None and rf["verdict"].iloc[0] == "no interval"
     assert rf["time_ratio"].iloc[0] == pytest.approx(1.5)
+
+
+# --- issue 26 item 6: busbw ratio and placements ---------------------------------------------------------------
+
+
+def test_busbw_ratio_is_the_ratio_of_the_runs_busbw_and_placements_compare_apart(tmp_path: Path) -> None:
+    """A 16-rank real log against an 8-rank run 10 % slower: the bus factors differ (2*15/16 vs 2*7/8), so busbw B/A
+    is not 1/(time B/A); out-of-place and in-place are compared separately."""
+    from tests import nccl_writers as w
+
+    real = Path(__file__).parent / "data" / "nccl_real" / "gcp_a3mega_2node_16rank_all_reduce.txt"
+    a = import_nccl_tests(real, tmp_path / "a16")
+    ra = pd.read_csv(a / "results.csv")
+    big = ra[(ra["size_bytes"] >= 1 << 20) & (ra["placement"] == "out-of-place")].sort_values("size_bytes")
+    ms = []
+    for size in big["size_bytes"]:
+        t = {p: float(ra[(ra["size_bytes"] == size) & (ra["placement"] == p)]["time_us"].iloc[0]) * 1.1
+             for p in ("out-of-place", "in-place")}  # fmt: skip
+        ms.append(w.Measure(int(size), t))
+    (tmp_path / "b8.txt").write_text(w.nccl_text("all_reduce", ms, w.Layout(procs=1, ngpus=8)))
+    b = import_nccl_tests(tmp_path / "b8.txt", tmp_path / "b8")
+    rb = pd.read_csv(b / "results.csv")
+    assert "runs differ in world_size (A=16, B=8)" in "\n".join(compare.compare_warnings([a, b], ["A", "B"]))
+    out = compare.compare_runs([a, b], ["A", "B"], tmp_path / "cmp")
+    rf = pd.read_csv(out["csv"])
+    assert set(rf["placement"]) == {"out-of-place", "in-place"} and len(rf) == 2 * len(ms)
+    for _, r in rf.iterrows():
+        sa = ra[(ra["size_bytes"] == r["size_bytes"]) & (ra["placement"] == r["placement"])].iloc[0]
+        sb = rb[(rb["size_bytes"] == r["size_bytes"]) & (rb["placement"] == r["placement"])].iloc[0]
+        assert r["busbw_ratio"] == pytest.approx(sb["busbw_gbps"] / sa["busbw_gbps"])
+        assert r["time_ratio"] == pytest.approx(sb["time_us"] / sa["time_us"])
+        # what busbw B/A should be from the formulas: (time A / time B) x (2*7/8) / (2*15/16)
+        assert r["busbw_ratio"] == pytest.approx(sa["time_us"] / sb["time_us"] * (14 / 8) / (30 / 16), rel=0.01)
+        assert abs(r["busbw_ratio"] - 1 / r["time_ratio"]) > 0.05
+    md = out["md"].read_text()
+    assert "| all_reduce | fp32 | world | out-of-place |" in md and "| all_reduce | fp32 | world | in-place |" in md
+
+
+def test_import_against_a_run_without_placements_says_it_takes_the_median(tmp_path: Path) -> None:
+    a = fabricate_run(tmp_path / "a", training=False, collectives=("all_reduce",), precisions=("fp32",),
+                      sizes=(1024, 4096, 16384, 65536))  # fmt: skip
+    b = import_nccl_tests(Path(__file__).parent / "data" / "nccl_all_reduce_float.txt", tmp_path / "b")
+    warns = compare.compare_warnings([a, b], ["cpu", "h100"])
+    assert any("h100 report out-of-place and in-place separately" in x and "median" in x for x in warns)
+    al = compare.aligned([compare.load_run(a), compare.load_run(b)], ["cpu", "h100"])
+    rb = pd.read_csv(b / "results.csv")
+    for _, r in al.iterrows():
+        both = rb[rb["size_bytes"] == r["size_bytes"]]["time_us"]
+        assert r["time_us|h100"] == pytest.approx(both.median()) and r["placement"] == "-"

@@ -2,7 +2,8 @@
 
 The samples under tests/data were written from nccl-tests' documented output format (src/util.cu:
 `%12li  %12li  %8s  %6s  %6s` preamble, then time/algbw/busbw/#wrong per placement); the checks
-below compare the imported rows with the file's own text and with the nccl-tests formulas.
+below compare the imported rows with the file's own text and with the nccl-tests formulas. Real logs and
+every other input form: tests/test_nccl_import_forms.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pandas as pd
 import pytest
 
 import commbench
-from commbench.store.nccl_import import NCCL_TYPES, import_nccl_tests, nccl_version_string
+from commbench.store.nccl_import import NCCL_TYPES, import_log, import_nccl_tests, nccl_version_string
 
 DATA = Path(__file__).parent / "data"
 ROW_RE = re.compile(r"^\s*\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s")
@@ -136,14 +137,18 @@ def test_json_import_matches_json_values(tmp_path: Path) -> None:
     assert meta["nccl_version"] == "2.27.3" and meta["device_name"] == "NVIDIA H200"
 
 
-def test_malformed_text_names_the_line(tmp_path: Path) -> None:
+def test_malformed_row_is_skipped_and_reported(tmp_path: Path) -> None:
     src = DATA / "nccl_malformed.txt"
     lines = src.read_text().splitlines()
     # the broken row: a data line with 12 fields where the header promises 13
     bad = next(i for i, ln in enumerate(lines, 1) if ROW_RE.match(ln) and len(ln.split()) == 12)
-    with pytest.raises(ValueError, match=rf"^line {bad}: malformed nccl-tests data row"):
-        import_nccl_tests(src, tmp_path / "run")
-    assert not (tmp_path / "run").exists()
+    header = next(i for i, ln in enumerate(lines, 1) if "size" in ln and "count" in ln)
+    res = import_log(src, tmp_path / "run")
+    df = commbench.load(res.runs[0])
+    assert len(df) == 2 * (len(data_rows(src)) - 1)  # every other row is read
+    skipped = commbench.load_metadata(res.runs[0])["skipped_lines"]
+    assert skipped == [{"line": bad, "reason": f"12 columns where the header at line {header} has 13"}]
+    assert any(f"line(s) {bad}" in x for x in res.warnings)
 
 
 def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
@@ -164,8 +169,8 @@ def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="line 2: unknown nccl-tests data type 'float16'"):
         import_nccl_tests(bad_type, tmp_path / "d")
-    with pytest.raises(ValueError, match="unknown collective 'allreduce'"):
-        import_nccl_tests(DATA / "nccl_all_reduce_float.txt", tmp_path / "e", collective="allreduce")
+    with pytest.raises(ValueError, match="unknown collective 'allreduced'; choose one of all_gather, all_reduce"):
+        import_nccl_tests(DATA / "nccl_all_reduce_float.txt", tmp_path / "e", collective="allreduced")
 
 
 def test_never_overwrites_a_non_empty_out_dir(tmp_path: Path) -> None:

@@ -1,175 +1,185 @@
-"""Import nccl-tests output (text logs and `-J` JSON) into a commbench run directory.
+"""Import nccl-tests / rccl-tests output into commbench run directories.
 
-This module owns the parser and the mapping into the results schema, so existing nccl-tests logs
-join reports and comparisons. It accepts:
+This module owns the mapping into the results schema: which reader a file needs, which collective a table
+belongs to, the world size of each table, how tables group into runs, and the run directories it writes. The
+readers are ``nccl_text`` (the tables the ``*_perf`` binaries print) and ``nccl_json`` (nccl-tests ``-J``,
+rccl-tests ``-Z json|csv``).
 
-Text (what `*_perf` binaries print):
-- any number of result tables in one file (several binaries, data types or repeated runs); each
-  table starts at its column header line (`#  size  count  type  redop  root  time  algbw  busbw
-  #wrong ...`) and ends at `# Out of bounds values`/`# Avg bus bandwidth` or the next header;
-- out-of-place and in-place column groups (one row each, column `placement`), a blank out-of-place
-  group (trace replay), `cputime` instead of `time`, per-iteration columns, a trailing timestamp,
-  old headers without `root` and with `error` (max error) instead of `#wrong`;
-- `N/A` in #wrong (no data check) -> NaN; the device lines (`#  Rank  0 Group  0 Pid 1234 on host
-  device  0 [0000:1b:00] NVIDIA H100 ...`, Group optional) give world size, nodes, host and device;
-  the version line gives the NCCL version;
-- other lines (NCCL INFO, MPI banners, blank lines) are ignored; a line inside a table that starts
-  with a number but does not parse is an error naming the line.
-
-JSON (`-J FILE`, nccl-tests' JSON writer, version 2): an object with `args`, `nccl_version`,
-`config` (with `devices`) and `results` (each with size, count, type, redop, root, `out_of_place`/
-`in_place` objects holding time or cpu_time, alg_bw, bus_bw, nwrong, and optional `*_per_iter`
-statistics); also a list of such objects or one object per line.
+Which reader: a file whose first character is ``{`` is JSON; one starting with ``[`` is JSON only if it parses as
+JSON (or its first line is a lone ``[`` / starts ``[{``): Open MPI's ``--tag-output`` (``[1,0]<stdout>:``) and
+bracketed-rank prefixes are text; a first line ``numCycle,...`` or ``collective, ...`` is an rccl-tests CSV.
 
 Which collective a table belongs to (the rows do not say), first rule that applies:
-1. the `collective` argument (`--collective`), for every table in the file;
-2. the last binary name seen before the table (`all_reduce_perf` in a command line, in
-   `# Collective test starting: ...`, or JSON `args[0]`); `alltoall` becomes `all_to_all`;
-3. the rows: root >= 0 -> broadcast (redop none) or reduce; redop != none -> all_reduce when
-   size == count x type width, else reduce_scatter; redop none with size == count x n x width ->
-   all_gather or all_to_all, which the rows cannot tell apart: an error asking for `--collective`.
+1. the ``collective`` argument (``--collective``), for every table in the file;
+2. the file's own name for it (rccl-tests records), or the last binary named before the table (``all_reduce_perf``
+   in a command line, in ``# Collective test starting: ...``, or JSON ``args[0]``);
+3. the rows: root >= 0 -> broadcast (redop none) or reduce; redop != none -> all_reduce when size == count x type
+   width, else reduce_scatter; redop none with size == count x n x width -> all_gather or all_to_all, which the
+   rows cannot tell apart: an error asking for ``--collective``.
+
+World size of a table, in this order:
+- JSON (nccl-tests ``-J``): one ``devices`` entry per process, each process driving nthreads x ngpus ranks: the
+  product (``-g 8`` is 8 ranks, ``-t 2 -g 2`` is 4, ``mpirun -np 2 ... -g 8`` is 16);
+- rccl-tests files: ``gpus``, or ``ranks x gpusPerRank``;
+- text: the rows when they fix it: size / (count x width) for the collectives whose count is one rank's share,
+  else the busbw/algbw ratio, which is the collective's bus factor (2(n-1)/n for all_reduce, (n-1)/n for
+  all_gather, ...): the one n whose factor lies within the printed digits' rounding, over every row of the table;
+  then the device lines (the highest rank listed + 1). A log that keeps only some device lines ("Rank 7" and
+  "Rank 15") reads as the rows say (16), and any disagreement between the sources is a warning in the metadata.
+
+Runs: consecutive tables form one run while their layout (tool, world size, hosts, device, NCCL version, timing)
+is the same and no (collective, type, redop, root) repeats; a repeat or a new layout starts the next run. One run
+is written to ``out_dir``; several to ``out_dir/run1``, ``out_dir/run2``, ... Repeated rows inside one table
+(``-N`` cycles) stay in one run with a ``cycle`` column.
+
+Nothing is dropped silently: a data line that cannot be read is listed (line and reason) in ``warnings`` and in
+each run's metadata (``skipped_lines``); rows joined across an NCCL log line are listed in ``recovered_rows``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import pandas as pd
 
 from commbench.cluster.metadata import build_metadata
-from commbench.core.records import CollectivePoint, col
+from commbench.core.records import CollectivePoint, Record, col
 from commbench.store import results as res
-
-if TYPE_CHECKING:
-    from commbench.measure.collectives import Collective
+from commbench.store.nccl_common import (
+    NCCL_COLLECTIVES,
+    NCCL_TYPES,
+    Block,
+    NcclTestsCollective,
+    ParsedLog,
+    collective_for,
+    nccl_version_string,
+)
+from commbench.store.nccl_json import RCCL_CSV_START, parse_nccl_json, parse_rccl_csv
+from commbench.store.nccl_text import parse_nccl_text
 
 __all__ = [
+    "COLLECTIVES",
     "NCCL_TYPES",
+    "ImportResult",
+    "NcclIteration",
     "NcclTestsPoint",
+    "import_log",
     "import_nccl_tests",
     "nccl_version_string",
-    "parse_nccl_json",
-    "parse_nccl_text",
+    "read_log",
+    "world_size",
 ]
 
-# nccl-tests type name -> (commbench precision name, bytes per element)
-NCCL_TYPES: dict[str, tuple[str, int]] = {
-    "float": ("fp32", 4),
-    "half": ("fp16", 2),
-    "bfloat16": ("bf16", 2),
-    "double": ("fp64", 8),
-    "f8e4m3": ("fp8_e4m3", 1),
-    "f8e5m2": ("fp8_e5m2", 1),
-    # integer types: the same name in both, the width in the name
-    **{f"{sign}int{bits}": (f"{sign}int{bits}", bits // 8) for bits in (8, 32, 64) for sign in ("", "u")},
-}
-
-# binary stem (`<stem>_perf`) -> collective name used in results
-BINARY_COLLECTIVES: dict[str, str] = {
-    "all_reduce": "all_reduce",
-    "all_gather": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "alltoall": "all_to_all",
-    "all_to_all": "all_to_all",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "sendrecv": "sendrecv",
-    "gather": "gather",
-    "scatter": "scatter",
-    "hypercube": "hypercube",
-}
-COLLECTIVES = sorted(set(BINARY_COLLECTIVES.values()))
+COLLECTIVES = sorted(NCCL_COLLECTIVES)
 
 _DOC = CollectivePoint.docs()
 
 
 @dataclass(kw_only=True, slots=True)
 class NcclTestsPoint(CollectivePoint):
-    """A results row imported from an nccl-tests log: the columns a log may not give are redeclared as
-    optional (None/NaN, as nccl-tests' own N/A), then where the row came from."""
+    """A results row imported from an nccl-tests / rccl-tests log: the columns a log may not give are redeclared
+    as optional (None/NaN, as nccl-tests' own N/A), then what nccl-tests adds and where the row came from."""
 
     TABLE: ClassVar[str] = "results"
 
     # Widening a parent's field type breaks substitutability for mypy, on purpose: code reading an import's
     # rows must expect gaps, and the dtypes (nullable Int64, float64 for NaN) follow from these types.
-    world_size: int | None = col(_DOC["world_size"] + "; None when the log has no device lines to tell")  # type: ignore[assignment]
-    nodes: int | None = col(_DOC["nodes"] + "; None without device lines")  # type: ignore[assignment]
+    world_size: int | None = col(_DOC["world_size"] + "; None when the log does not tell")  # type: ignore[assignment]
+    nodes: int | None = col(_DOC["nodes"] + "; None when the log lists only some ranks' hosts")  # type: ignore[assignment]
     payload: str | None = col("None: nccl-tests does not say what its data was")  # type: ignore[assignment]
     iters: int | None = col("iterations per measurement (nccl-tests -n); None if the log does not say")  # type: ignore[assignment]
     samples: int | None = col("None: nccl-tests reports one averaged measurement")  # type: ignore[assignment]
     wrong: float = col(_DOC["wrong"] + "; NaN where nccl-tests printed N/A (no data check)")  # type: ignore[assignment]
+    timestamp: str = col(
+        "when the point was measured: nccl-tests -S's time (the machine's local time as printed, no zone), else the JSON's start_time, else the import's time (UTC)"
+    )
     placement: str = col("nccl-tests column group: out-of-place or in-place")
     redop: str = col("nccl-tests redop column (sum, none, ...)")
     root: int = col("nccl-tests root column (-1 for rootless collectives)")
+    time_source: str = col(
+        "gpu: time_us is the time to completion (nccl-tests' default); cpu: -C 1, the host's time to launch the ops, which excludes the rest of their run"
+    )
+    iter_min_us: float = col(
+        "fastest iteration, microseconds (nccl-tests -I 1: i_min; max over the ranks per iteration)", math.nan
+    )
+    iter_max_us: float = col("slowest iteration, microseconds (-I 1: i_max)", math.nan)
+    iter_p99_us: float = col("99th percentile iteration, nearest rank, microseconds (-I 1: i_p99)", math.nan)
+    iter_avg_us: float = col("mean iteration, microseconds (-I 1 JSON avg_us)", math.nan)
+    iter_stdev_us: float = col(
+        "population standard deviation of the iterations, microseconds (-I 1 JSON stdev_us)", math.nan
+    )
+    iter_skipped: int | None = col("leading iterations left out of the -I statistics (nccl-tests -K)", None)
+    cycle: int = col("repetition of the same point in one table (nccl-tests -N, rccl-tests numCycle), from 0", 0)
     block: int = col("index of the result table (or JSON document) in the imported file")
-    source_line: int | None = col("line of the row in a text log; None for JSON")
+    source_line: int | None = col(
+        "line of the row in a text log (its first line when it was joined across lines); None for JSON"
+    )
 
 
-_BINARY_RE = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")
-_RANK_RE = re.compile(
-    r"^#\s*Rank\s+(?P<rank>\d+)\s+(?:Group\s+(?P<group>\d+)\s+)?Pid\s+(?P<pid>\d+)\s+on\s+(?P<host>\S+)\s+"
-    r"device\s+(?P<device>\d+)\s+\[(?P<hex>[^\]]*)\]\s*(?P<info>.*)$"
-)
-_VERSION_RE = re.compile(r"nccl-tests version\s+(?P<tests>\S+)(?:.*?nccl-library=(?P<lib>\d+))?")
-_KV_RE = re.compile(r"([A-Za-z][A-Za-z ]*?):?\s+(-?\d+)")
-_TIMESTAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}$")
-_TIME_TOKENS = ("time", "cputime")
+@dataclass(kw_only=True, slots=True)
+class NcclIteration(Record):
+    """One iteration's time of one imported point (nccl-tests -I 1 JSON ``times_us`` / ``per_process_max_times_us``)."""
+
+    TABLE: ClassVar[str] = "nccl_iterations"
+
+    block: int = col("index of the JSON document in the imported file")
+    collective: str = col("collective name")
+    dtype: str = col("nccl-tests type name")
+    redop: str = col("nccl-tests redop column")
+    root: int = col("nccl-tests root column")
+    size_bytes: int = col("nccl-tests size of the call, bytes")
+    placement: str = col("out-of-place or in-place")
+    process: int = col(
+        "-1: the slowest rank of each iteration (times_us); p >= 0: process p's slowest GPU (per_process_max_times_us[p])"
+    )
+    iteration: int = col("iteration index, from 0 (the -K skipped ones included)")
+    time_us: float = col("the iteration's time, microseconds")
 
 
 @dataclass(slots=True)
-class _Device:
-    rank: int
-    host: str
-    device: int
-    info: str
+class ImportResult:
+    """What an import wrote and what the user should know about it."""
+
+    runs: list[Path]
+    """The run directories written: ``out_dir`` itself, or ``out_dir/run1``, ``out_dir/run2``, ..."""
+    warnings: list[str] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class _Context:
-    """What the text said before a table: binary, devices, settings, versions."""
-
-    binary: str | None = None
-    devices: dict[int, _Device] = field(default_factory=dict)
-    settings: dict[str, int] = field(default_factory=dict)
-    nccl_version: str | None = None
-    tests_version: str | None = None
-
-
-def nccl_version_string(code: int) -> str:
-    """NCCL_VERSION_CODE -> 'major.minor.patch' (codes >= 10000 since NCCL 2.9: X*10000+Y*100+Z)."""
-    if code >= 10000:
-        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
-    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
-
-
-def _collective_from_binary(stem: str) -> str:
-    return BINARY_COLLECTIVES.get(stem, stem)
+def read_log(text: str) -> ParsedLog:
+    """Parse a file's text with the reader its first line calls for (module docstring)."""
+    head = text.lstrip()
+    first = head.splitlines()[0].strip() if head else ""
+    if head.startswith("{"):
+        return parse_nccl_json(text)
+    if head.startswith("["):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            if first == "[" or first.startswith(("[{", "[ {")):
+                return parse_nccl_json(text)  # raises the parser's error, naming the line
+            return parse_nccl_text(text)
+        return parse_nccl_json(text)
+    if first.startswith(RCCL_CSV_START) and "busbw" in first:
+        return parse_rccl_csv(text)
+    return parse_nccl_text(text)
 
 
-def _resolve_collective(
-    collective: str | None, binary: str | None, fixed: dict[str, Any], type_name: str, where: str
-) -> str:
-    """The module docstring's rule: the --collective option, else the binary name, else the rows."""
-    if collective is not None:
-        return collective
-    if binary is not None:
-        return _collective_from_binary(binary)
-    return _infer_collective(fixed["size_bytes"], fixed["count"], type_name, fixed["redop"], fixed["root"], where)
+# --- collective and world size ------------------------------------------------------------------------------
 
 
-def _infer_collective(size: int, count: int, type_name: str, redop: str, root: int, where: str) -> str:
-    width = NCCL_TYPES[type_name][1]
-    if root >= 0:
-        return "broadcast" if redop == "none" else "reduce"
-    full = size == count * width
-    if redop != "none":
+def _infer_collective(row: dict[str, Any], where: str) -> str:
+    width = NCCL_TYPES[row["dtype"]][1]
+    if row["root"] >= 0:
+        return "broadcast" if row["redop"] == "none" else "reduce"
+    full = row["size_bytes"] == row["count"] * width
+    if row["redop"] != "none":
         return "all_reduce" if full else "reduce_scatter"
     if full:
         # a rank count of 1 makes every collective look alike; sendrecv is the only one with count == size
@@ -180,356 +190,141 @@ def _infer_collective(size: int, count: int, type_name: str, redop: str, root: i
     )
 
 
-def _world_from_rows(coll: str, rows: list[dict[str, Any]]) -> int | None:
-    """Ranks from the data when no device lines exist: size/count where the collective's count is a per-rank
-    share (its nccl-tests size convention), else the busbw/algbw ratio (its bus factor) inverted. None for a
-    collective commbench does not model (their sizes and factors are nccl-tests', not ours to guess)."""
-    from commbench.measure.collectives import get_collective  # imports torch: only when a log lacks device lines
+def _assign_collectives(log: ParsedLog, collective: str | None) -> None:
+    for b in log.blocks:
+        named = collective_for(b.binary) if b.binary else None
+        for r in b.rows:
+            if collective is not None:
+                r["collective"] = collective
+            elif "collective" in r:
+                continue
+            elif named is not None:
+                r["collective"] = named.name
+            elif b.binary:  # a binary nccl-tests has and commbench does not model: keep its name
+                r["collective"] = b.binary
+            else:
+                where = f"line {r['source_line']}" if r.get("source_line") else f"table {b.index}"
+                r["collective"] = _infer_collective(r, where)
 
-    try:
-        c = get_collective(coll)
-    except ValueError:
-        return None
+
+def _n_range(c: NcclTestsCollective, lo: float, hi: float, most: int = 1 << 24) -> tuple[int, int]:
+    """The n with lo <= bus_factor(n) <= hi (the factor grows with n): (first, last); first > last if none."""
+
+    def first_at_least(x: float) -> int:
+        a, b = 1, most + 1
+        while a < b:
+            m = (a + b) // 2
+            a, b = (m + 1, b) if c.bus_factor(m) < x else (a, m)
+        return a
+
+    return first_at_least(lo), first_at_least(math.nextafter(hi, math.inf)) - 1
+
+
+def _world_from_rows(c: NcclTestsCollective | None, rows: list[dict[str, Any]]) -> tuple[int | None, str]:
+    """The world size the rows fix, and how; (None, why not) when they do not."""
+    if c is None:
+        return None, "a collective commbench has no nccl-tests definitions for"
     for r in rows:
-        total, rest = divmod(r["size_bytes"], NCCL_TYPES[r["dtype"]][1])
-        count = r["count"]
-        if count > 0 and not rest and total % count == 0:
-            n = total // count
-            # the count must pin the world: all_reduce's count is the whole buffer for every n
-            if c.layout(total, n).count == count != c.layout(c.round_total(total, n + 1), n + 1).count:
-                return n
+        n = c.world_from_count(r["size_bytes"], r["count"], NCCL_TYPES[r["dtype"]][1])
+        if n:
+            return n, "size / (count x type width)"
+    if c.bus_factor(2) == c.bus_factor(3):
+        return None, "its bus factor does not depend on the rank count"
+    lo, hi = 1, 1 << 24
+    informative = False
     for r in rows:
-        a, b = r.get("algbw_gbps"), r.get("busbw_gbps")
-        if a and b and a > 0 and math.isfinite(a) and math.isfinite(b):
-            n = _invert_bus_factor(c, b / a)
-            if n is not None:
-                return n
-    return None
-
-
-def _invert_bus_factor(c: Collective, ratio: float, most: int = 1 << 20) -> int | None:
-    """The world size whose bus factor is ``ratio``, for a factor that grows with n. Logs print bandwidths
-    with two decimals, so the ratio is approximate: accept a solution within 0.05 of a whole rank."""
-    f = c.bus_factor
-    lo, hi = 1, most
-    if not f(lo) < ratio < f(hi):
-        return None
-    while hi - lo > 1:  # f(lo) < ratio <= f(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if f(mid) < ratio else (lo, mid)
-    x = lo + (ratio - f(lo)) / (f(hi) - f(lo))
-    n = round(x)
-    return n if abs(x - n) < 0.05 else None
-
-
-def _float(tok: str, where: str) -> float:
-    if tok.upper() in ("N/A", "NA", "NAN", "-"):
-        return math.nan
-    try:
-        return float(tok)
-    except ValueError:
-        raise ValueError(f"{where}: expected a number, got {tok!r}") from None
-
-
-def _int(tok: str, where: str) -> int:
-    try:
-        return int(tok)
-    except ValueError:
-        raise ValueError(f"{where}: expected an integer, got {tok!r}") from None
+        a, b = r.get("algbw_gbps", math.nan), r.get("busbw_gbps", math.nan)
+        da, db = r.get("algbw_res", 0.005), r.get("busbw_res", 0.005)
+        if not (math.isfinite(a) and math.isfinite(b)) or a - da <= 0:
+            continue
+        f_lo, f_hi = c.bus_factor(lo), c.bus_factor(hi)
+        r_lo, r_hi = max(0.0, (b - db) / (a + da)), (b + db) / (a - da)
+        if r_lo <= f_lo and r_hi >= f_hi:
+            continue  # this row cannot narrow the range
+        n_lo, n_hi = _n_range(c, r_lo, r_hi)
+        lo, hi = max(lo, n_lo), min(hi, n_hi)
+        informative = True
+    if not informative:
+        return None, "no row with a bandwidth large enough to read the ratio"
+    if lo == hi:
+        return lo, "busbw / algbw (the bus factor)"
+    if lo > hi:
+        return None, "the rows' busbw/algbw ratios disagree"
+    return None, f"busbw / algbw allows {lo} to {hi} ranks"
 
 
 @dataclass(slots=True)
-class _Header:
-    line_no: int
-    fixed: list[str]
-    """Leading columns (size, count, type, redop[, root])."""
-    groups: list[list[str]]
-    """Per placement (out-of-place, in-place): the column names, starting with time/cputime."""
-    has_timestamp: bool
+class _World:
+    size: int | None
+    source: str
+    nodes: int | None
+    warnings: list[str]
 
 
-def _parse_header(text: str, line_no: int) -> _Header:
-    toks = text.lstrip("#").split()
-    starts = [i for i, t in enumerate(toks) if t in _TIME_TOKENS]
-    fixed = toks[: starts[0]]
-    groups: list[list[str]] = []
-    for j, s in enumerate(starts):
-        end = starts[j + 1] if j + 1 < len(starts) else len(toks)
-        groups.append(toks[s:end])
-    ts = bool(groups) and groups[-1][-1] == "timestamp"
-    if ts:
-        groups[-1] = groups[-1][:-1]
-    for need in ("size", "count", "type"):
-        if need not in fixed:
-            raise ValueError(f"line {line_no}: column header without {need!r}: {text.strip()!r}")
-    return _Header(line_no, fixed, groups, ts)
+def world_size(block: Block) -> _World:
+    """A block's world size by the module docstring's rule, with the nodes it spans and any disagreement."""
+    warns: list[str] = []
+    colls = Counter(r["collective"] for r in block.rows)
+    coll = colls.most_common(1)[0][0]
+    n_rows, how = _world_from_rows(collective_for(coll), [r for r in block.rows if r["collective"] == coll])
+    hosts = {d.host for d in block.devices.values()}
+    per_process = block.settings.get("nThread", 1) * block.settings.get("nGpus", 1)
+    where = f"table {block.index + 1}" + (f" (line {block.line})" if block.line else "")
+    if block.processes:  # nccl-tests -J
+        n = block.processes * per_process
+        if n_rows is not None and n_rows != n:
+            warns.append(f"{where}: the JSON lists {block.processes} process(es) x {per_process} rank(s) = {n}, "
+                         f"but the rows' {how} says {n_rows}")  # fmt: skip
+        return _World(n, f"JSON devices ({block.processes} process(es)) x nthreads x ngpus", len(hosts) or None, warns)
+    if block.ranks:  # rccl-tests files
+        nodes = block.settings.get("nodes", 1 if block.ranks else None)
+        if n_rows is not None and n_rows != block.ranks:
+            warns.append(f"{where}: the file says {block.ranks} ranks, but the rows' {how} says {n_rows}")
+        return _World(block.ranks, "rccl-tests gpus / ranks x gpusPerRank", nodes, warns)
+    listed = len(block.devices)
+    top = max(block.devices) + 1 if block.devices else 0
+    complete = bool(listed) and listed == top
+    if n_rows is not None:
+        if top and n_rows < top:
+            warns.append(f"{where}: the device lines name rank {top - 1}, but the rows' {how} says {n_rows} "
+                         f"ranks: using {top}")  # fmt: skip
+            return _World(top, "device lines (highest rank + 1)", len(hosts) if complete else None, warns)
+        if listed and n_rows != listed:
+            warns.append(f"{where}: {listed} device line(s) listed, but the rows' {how} says {n_rows} ranks: "
+                         f"using {n_rows} (the log keeps only some device lines)")  # fmt: skip
+        return _World(n_rows, how, len(hosts) if complete and listed == n_rows else None, warns)
+    if top:
+        if not complete:
+            warns.append(f"{where}: the device lines list {listed} of ranks 0..{top - 1} and the rows do not fix "
+                         f"the world size ({how}): using {top}, a lower bound")  # fmt: skip
+        return _World(top, "device lines (highest rank + 1)", len(hosts) if complete else None, warns)
+    warns.append(f"{where}: no device lines and the rows do not fix the world size ({how})")
+    return _World(None, "unknown", None, warns)
 
 
-def _placements(n_groups: int) -> list[str]:
-    return ["out-of-place", "in-place"][:n_groups] if n_groups <= 2 else [f"group{i}" for i in range(n_groups)]
+# --- runs -----------------------------------------------------------------------------------------------------
 
 
-def _row_from_groups(
-    fixed: dict[str, Any], group_vals: list[tuple[str, dict[str, float]]], extra: dict[str, Any]
-) -> list[dict[str, Any]]:
-    out = []
-    for placement, vals in group_vals:
-        out.append({**fixed, **extra, "placement": placement, **vals})
-    return out
+def _layout(block: Block, w: _World) -> tuple[Any, ...]:
+    info = next(iter(block.devices.values())).info if block.devices else None
+    return (block.tool, w.size, tuple(sorted({d.host for d in block.devices.values()})), info, block.nccl_version,
+            block.time_source)  # fmt: skip
 
 
-def _group_values(names: list[str], toks: list[str], where: str) -> dict[str, float]:
-    vals: dict[str, float] = {}
-    for name, tok in zip(names, toks, strict=True):
-        v = _float(tok, f"{where} (column {name})")
-        if name in _TIME_TOKENS:
-            vals["time_us"] = v
-        elif name == "algbw":
-            vals["algbw_gbps"] = v
-        elif name == "busbw":
-            vals["busbw_gbps"] = v
-        elif name in ("#wrong", "wrong"):
-            vals["wrong"] = v
-        elif name == "error":  # old nccl-tests: max error instead of a wrong count
-            vals["max_abs_err"] = v
-        elif name.startswith("i_"):
-            key = {"i_p99": "p99_us", "i_min": "min_us", "i_max": "max_us", "i_cv%": "cv"}.get(name)
-            if key:
-                vals[key] = v / 100 if key == "cv" else v
-    return vals
-
-
-def parse_nccl_text(text: str, collective: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Parse nccl-tests text output -> (rows without derived columns, file-level info)."""
-    ctx = _Context()
-    header: _Header | None = None
-    block = -1
-    block_binary: str | None = None
-    rows: list[dict[str, Any]] = []
-    blocks: list[dict[str, Any]] = []
-    for i, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip()
-        s = line.strip()
-        if not s:
-            continue
-        where = f"line {i}"
-        if s.startswith("#"):
-            body = s.lstrip("#").strip()
-            m = _RANK_RE.match(s)
-            if m:
-                if header is not None:  # a new run's device list: forget the old one
-                    header = None
-                    ctx.devices = {}
-                d = _Device(int(m["rank"]), m["host"], int(m["device"]), m["info"].strip())
-                ctx.devices[d.rank] = d
-                continue
-            mv = _VERSION_RE.search(body)
-            if mv:
-                ctx.tests_version = mv["tests"]
-                if mv["lib"]:
-                    ctx.nccl_version = nccl_version_string(int(mv["lib"]))
-            mb = _BINARY_RE.search(body)
-            if mb and "concluded" not in body:
-                ctx.binary = mb.group(1)
-            if body.startswith("nThread"):
-                ctx.settings = {k.strip().replace(" ", "_"): int(v) for k, v in _KV_RE.findall(body)}
-                ctx.devices = {}
-                header = None
-                continue
-            toks = body.split()
-            if toks[:3] == ["size", "count", "type"] or (
-                "size" in toks and "count" in toks and any(t in _TIME_TOKENS for t in toks)
-            ):
-                header = _parse_header(s, i)
-                block += 1
-                block_binary = ctx.binary
-                blocks.append(
-                    {
-                        "line": i,
-                        "binary": block_binary,
-                        "devices": dict(ctx.devices),
-                        "settings": dict(ctx.settings),
-                    }
-                )
-                continue
-            if body.startswith(("Out of bounds", "Avg bus bandwidth", "Collective test concluded")):
-                header = None
-            continue
-        mb = _BINARY_RE.search(s)
-        first = s.split()[0]
-        if header is None or not first.isdigit():
-            if mb:  # a command line or launcher echo naming the binary
-                ctx.binary = mb.group(1)
-            continue
-        # a data row of the current table
-        toks = s.split()
-        if header.has_timestamp and len(toks) >= 2 and _TIMESTAMP_RE.match(" ".join(toks[-2:])):
-            toks = toks[:-2]
-        nfix = len(header.fixed)
-        sizes = [len(g) for g in header.groups]
-        if len(toks) == nfix + sum(sizes):
-            spans = list(zip(_placements(len(sizes)), header.groups, strict=True))
-        elif len(sizes) == 2 and len(toks) == nfix + sizes[1]:  # blank out-of-place group (trace replay)
-            spans = [("in-place", header.groups[1])]
-        else:
-            raise ValueError(
-                f"{where}: malformed nccl-tests data row: expected {nfix + sum(sizes)} columns as in the header "
-                f"at line {header.line_no}, got {len(toks)}: {s!r}"
-            )
-        fx = dict(zip(header.fixed, toks[:nfix], strict=True))
-        type_name = fx["type"]
-        if type_name not in NCCL_TYPES:
-            raise ValueError(f"{where}: unknown nccl-tests data type {type_name!r}; known: {', '.join(NCCL_TYPES)}")
-        fixed: dict[str, Any] = {
-            "size_bytes": _int(fx["size"], where),
-            "count": _int(fx["count"], where),
-            "dtype": type_name,
-            "redop": fx.get("redop", "none"),
-            "root": _int(fx["root"], where) if "root" in fx else -1,
-        }
-        pos = nfix
-        group_vals = []
-        for placement, names in spans:
-            group_vals.append((placement, _group_values(names, toks[pos : pos + len(names)], where)))
-            pos += len(names)
-        coll = _resolve_collective(collective, block_binary, fixed, type_name, where)
-        rows += _row_from_groups(fixed, group_vals, {"collective": coll, "block": block, "source_line": i})
-    if not rows:
-        raise ValueError(
-            "no nccl-tests result rows found (expected a '#  size  count  type ...' header followed by data rows)"
-        )
-    info = {"blocks": blocks, "nccl_version": ctx.nccl_version, "nccl_tests_version": ctx.tests_version}
-    return rows, info
-
-
-def _json_docs(text: str) -> list[dict[str, Any]]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        # one object per line is also accepted; otherwise report the parser's line
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        if len(lines) > 1 and _parses(lines[0]):
-            docs = []
-            for n, ln in enumerate(text.splitlines(), start=1):
-                if not ln.strip():
-                    continue
-                try:
-                    docs.append(json.loads(ln))
-                except json.JSONDecodeError as e2:
-                    raise ValueError(f"line {n}: malformed nccl-tests JSON: {e2.msg} (column {e2.colno})") from None
-            return _check_docs(docs)
-        raise ValueError(f"line {e.lineno}: malformed nccl-tests JSON: {e.msg} (column {e.colno})") from None
-    return _check_docs(doc if isinstance(doc, list) else [doc])
-
-
-def _parses(line: str) -> bool:
-    try:
-        json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return True
-
-
-def _check_docs(docs: list[Any]) -> list[dict[str, Any]]:
-    for k, d in enumerate(docs):
-        if not isinstance(d, dict) or not isinstance(d.get("results"), list):
-            raise ValueError(f"JSON document {k}: not nccl-tests -J output (no 'results' list)")
-    return docs
-
-
-def parse_nccl_json(text: str, collective: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Parse nccl-tests `-J` JSON -> (rows, file-level info) in the same form as parse_nccl_text."""
-    rows: list[dict[str, Any]] = []
-    blocks: list[dict[str, Any]] = []
-    nccl_version = None
-    for b, doc in enumerate(_json_docs(text)):
-        args = [str(a) for a in doc.get("args") or []]
-        binary = None
-        for a in args[:1] + args[1:]:
-            m = _BINARY_RE.search(Path(a).name)
-            if m:
-                binary = m.group(1)
-                break
-        if isinstance(doc.get("nccl_version"), int):
-            nccl_version = nccl_version_string(doc["nccl_version"])
-        cfg = doc.get("config") or {}
-        devices = {}
-        for d in cfg.get("devices") or []:
-            try:
-                dev = _Device(
-                    int(d["rank"]), str(d.get("hostname", "")), int(d.get("device", 0)), str(d.get("device_info", ""))
-                )
-            except (KeyError, TypeError, ValueError):
-                raise ValueError(f"JSON document {b}: malformed device entry {d!r}") from None
-            devices[dev.rank] = dev
-        settings = {
-            "warmup_iters": cfg.get("warmup_iters"),
-            "iters": cfg.get("iterations"),
-            "minBytes": cfg.get("minimum_bytes"),
-            "maxBytes": cfg.get("maximum_bytes"),
-        }
-        blocks.append(
-            {
-                "line": None,
-                "binary": binary,
-                "devices": devices,
-                "settings": {k: v for k, v in settings.items() if v is not None},
-                "start_time": doc.get("start_time"),
-                "end_time": doc.get("end_time"),
-                "args": args,
-            }
-        )
-        for j, r in enumerate(doc["results"]):
-            where = f"JSON document {b} results[{j}]"
-            try:
-                type_name = str(r["type"]).strip()
-                fixed: dict[str, Any] = {
-                    "size_bytes": int(r["size"]),
-                    "count": int(r["count"]),
-                    "dtype": type_name,
-                    "redop": str(r.get("redop", "none")).strip(),
-                    "root": int(str(r.get("root", -1)).strip()),
-                }
-            except (KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{where}: missing or malformed field ({e})") from None
-            if type_name not in NCCL_TYPES:
-                raise ValueError(f"{where}: unknown nccl-tests data type {type_name!r}; known: {', '.join(NCCL_TYPES)}")
-            group_vals = []
-            for key, placement in (("out_of_place", "out-of-place"), ("in_place", "in-place")):
-                g = r.get(key)
-                if not isinstance(g, dict):
-                    continue
-                vals = {
-                    "time_us": _json_num(g.get("time", g.get("cpu_time")), where),
-                    "algbw_gbps": _json_num(g.get("alg_bw"), where),
-                    "busbw_gbps": _json_num(g.get("bus_bw"), where),
-                    "wrong": _json_num(g.get("nwrong"), where),
-                }
-                it = r.get(f"{key}_per_iter")
-                if isinstance(it, dict):
-                    vals["p50_us"] = _json_num(it.get("p50_us"), where)
-                    vals["p95_us"] = _json_num(it.get("p95_us"), where)
-                    cv = _json_num(it.get("cv_pct"), where)
-                    vals["cv"] = cv / 100 if math.isfinite(cv) else math.nan
-                group_vals.append((placement, vals))
-            if not group_vals:
-                raise ValueError(f"{where}: neither 'out_of_place' nor 'in_place' results")
-            coll = _resolve_collective(collective, binary, fixed, type_name, where)
-            extra = {"collective": coll, "block": b, "iters": r.get("actual_iterations")}
-            rows += _row_from_groups(fixed, group_vals, extra)
-    if not rows:
-        raise ValueError("nccl-tests JSON holds no results")
-    return rows, {"blocks": blocks, "nccl_version": nccl_version, "nccl_tests_version": None}
-
-
-def _json_num(v: Any, where: str) -> float:
-    if v is None:
-        return math.nan
-    if isinstance(v, str):  # nccl-tests writes NaN as the string "nan"
-        return _float(v, where)
-    if isinstance(v, (int, float)):
-        return float(v)
-    raise ValueError(f"{where}: expected a number, got {v!r}")
+def _group_runs(log: ParsedLog, worlds: list[_World]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    keys: set[tuple[Any, ...]] = set()
+    layout: tuple[Any, ...] | None = None
+    for b, w in zip(log.blocks, worlds, strict=True):
+        mine = {(r["collective"], r["dtype"], r["redop"], r["root"]) for r in b.rows}
+        lay = _layout(b, w)
+        if not runs or lay != layout or mine & keys:
+            runs.append([])
+            keys = set()
+            layout = lay
+        runs[-1].append(b.index)
+        keys |= mine
+    return runs
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -540,17 +335,18 @@ def _check_out_dir(out_dir: Path) -> None:
             raise ValueError(f"output directory {out_dir} is not empty; choose a new --out (imports never overwrite)")
 
 
-def import_nccl_tests(path: Path, out_dir: Path, collective: str | None = None) -> Path:
-    """Read nccl-tests text or -J JSON output at `path`; write a run directory at `out_dir`.
+def import_log(path: Path, out_dir: Path, collective: str | None = None) -> ImportResult:
+    """Read nccl-tests / rccl-tests output at ``path`` and write one run directory per run (module docstring).
 
-    Returns out_dir. Raises ValueError for a missing/malformed file (naming the line), an unknown
-    collective, or a non-empty out_dir.
+    Raises ValueError for a missing or unreadable file, a file no reader accepts (naming the line), an unknown
+    collective, a log of independent runs printed together, or a non-empty ``out_dir``.
     """
     path, out_dir = Path(path), Path(out_dir)
     if collective is not None:
-        collective = BINARY_COLLECTIVES.get(collective, collective)
-        if collective not in COLLECTIVES:
+        c = collective_for(collective)
+        if c is None:
             raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
+        collective = c.name
     if not path.is_file():
         raise ValueError(f"nccl-tests output file {str(path)!r} does not exist")
     _check_out_dir(out_dir)
@@ -558,120 +354,153 @@ def import_nccl_tests(path: Path, out_dir: Path, collective: str | None = None) 
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e}") from None
-    is_json = text.lstrip()[:1] in ("{", "[")
-    rows, info = parse_nccl_json(text, collective) if is_json else parse_nccl_text(text, collective)
-    df, meta = _to_schema(rows, info, path, "json" if is_json else "text")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    res.write_table(out_dir, NcclTestsPoint.TABLE, df)
-    res.atomic_write_text(out_dir / "metadata.json", json.dumps(meta, indent=2, default=str) + "\n")
-    return out_dir
+    log = read_log(text)
+    _assign_collectives(log, collective)
+    worlds = [world_size(b) for b in log.blocks]
+    runs = _group_runs(log, worlds)
+    warnings = [w for wd in worlds for w in wd.warnings]
+    if any(b.time_source == "cpu" for b in log.blocks):
+        warnings.append("the log was timed on the CPU (nccl-tests -C 1: cputime): time_us is the host's time to "
+                        "launch the ops, not to complete them, and algbw/busbw follow from it; the rows say "
+                        "time_source=cpu")  # fmt: skip
+    if log.skipped:
+        shown = ", ".join(str(s["line"]) for s in log.skipped[:20]) + (" ..." if len(log.skipped) > 20 else "")
+        warnings.append(f"skipped {len(log.skipped)} line(s) that looked like data but could not be read: line(s) "
+                        f"{shown} (each with its reason in metadata.json skipped_lines)")  # fmt: skip
+    recovered = [r["joined_lines"] for b in log.blocks for r in b.rows if r.get("joined_lines")]
+    if recovered:
+        warnings.append(f"{len({tuple(x) for x in recovered})} row(s) were split by NCCL log lines and joined "
+                        "back (metadata.json recovered_rows)")  # fmt: skip
+    dirs = [out_dir] if len(runs) == 1 else [out_dir / f"run{k + 1}" for k in range(len(runs))]
+    if len(runs) > 1:
+        warnings.append(f"the log holds {len(runs)} runs (a new layout or a repeated collective x type starts a "
+                        f"run): written to {', '.join(str(d) for d in dirs)}")  # fmt: skip
+    starts = [log.blocks[r[0]].line for r in runs]
+    for k, (members, d) in enumerate(zip(runs, dirs, strict=True)):
+        first, nxt = starts[k], starts[k + 1] if k + 1 < len(starts) else None
+        skipped = [
+            s
+            for s in log.skipped
+            if (first is None or k == 0 or s["line"] >= first) and (nxt is None or s["line"] < nxt)
+        ]
+        blocks = [log.blocks[i] for i in members]
+        df, iters, meta = _to_schema(blocks, [worlds[i] for i in members], log, path, skipped, warnings, k, len(runs))
+        d.mkdir(parents=True, exist_ok=True)
+        res.write_table(d, NcclTestsPoint.TABLE, df)
+        if len(iters):
+            res.write_table(d, NcclIteration.TABLE, iters)
+        res.atomic_write_text(d / "metadata.json", json.dumps(meta, indent=2, default=str) + "\n")
+    return ImportResult(dirs, warnings)
+
+
+def import_nccl_tests(path: Path, out_dir: Path, collective: str | None = None) -> Path:
+    """:func:`import_log` returning ``out_dir`` (holding the run, or ``run1``, ``run2``, ... for several)."""
+    import_log(path, out_dir, collective)
+    return Path(out_dir)
 
 
 def _to_schema(
-    rows: list[dict[str, Any]], info: dict[str, Any], path: Path, fmt: str
-) -> tuple[pd.DataFrame, dict[str, Any]]:
-    blocks = info["blocks"]
+    blocks: list[Block], worlds: list[_World], log: ParsedLog, path: Path, skipped: list[dict[str, Any]],
+    warnings: list[str], run: int, n_runs: int,
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:  # fmt: skip
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out: list[NcclTestsPoint] = []
-    by_block: dict[int, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_block.setdefault(r["block"], []).append(r)
-    worlds: list[int] = []
-    all_devices: dict[tuple[int, int], _Device] = {}
-    for b, brows in by_block.items():
-        binfo = blocks[b] if b < len(blocks) else {"devices": {}, "settings": {}}
-        devices: dict[int, _Device] = binfo["devices"]
-        for d in devices.values():
-            all_devices[(b, d.rank)] = d
-        hosts = sorted({d.host for d in devices.values()})
-        for r in brows:
-            coll = r["collective"]
-            world = len(devices) or _world_from_rows(coll, [r]) or _world_from_rows(coll, brows)
-            if world:
-                worlds.append(world)
+    iters: list[NcclIteration] = []
+    for b, w in zip(blocks, worlds, strict=True):
+        seen: Counter[tuple[Any, ...]] = Counter()
+        by_result: dict[tuple[int, str], dict[str, Any]] = {}
+        for r in b.rows:
+            key = (r["collective"], r["size_bytes"], r["dtype"], r["redop"], r["root"], r["placement"])
+            cycle = r["cycle"] if r.get("cycle") is not None else seen[key]
+            seen[key] += 1
+            if "result_index" in r:
+                by_result[(r["result_index"], r["placement"])] = r
             prec, width = NCCL_TYPES[r["dtype"]]
             time_us = r.get("time_us", math.nan)
-            ts = binfo.get("start_time")
-            iters = r.get("iters") if r.get("iters") is not None else binfo["settings"].get("iters")
+            ts = r.get("timestamp") or b.start_time or now
+            n_iters = r.get("iters") if r.get("iters") is not None else b.settings.get("iters")
             out.append(
                 NcclTestsPoint(
-                    collective=coll,
-                    precision=prec,
-                    impl="nccl-tests",
-                    backend="nccl",
-                    device="cuda",
-                    world_size=world or None,
-                    nodes=len(hosts) or None,
-                    payload=None,
-                    dtype=r["dtype"],
-                    size_bytes=r["size_bytes"],
-                    count=r["count"],
+                    collective=r["collective"], precision=prec, impl=b.tool, backend="nccl", device="cuda",
+                    world_size=w.size, nodes=w.nodes if w.nodes else None, payload=None, dtype=r["dtype"],
+                    size_bytes=r["size_bytes"], count=r["count"],
                     # same size definition, as if each element were 4 bytes
-                    fp32_bytes=r["size_bytes"] // width * 4,
-                    wire_bytes=r["size_bytes"],
-                    time_us=time_us,
-                    time_us_max=math.nan,
-                    p50_us=r.get("p50_us", math.nan),
-                    p95_us=r.get("p95_us", math.nan),
-                    cv=r.get("cv", math.nan),
-                    rank_spread=math.nan,
-                    iters=iters,
-                    samples=None,
-                    algbw_gbps=r.get("algbw_gbps", math.nan),
-                    busbw_gbps=r.get("busbw_gbps", math.nan),
-                    encode_us=math.nan,
-                    comm_us=time_us,
-                    decode_us=math.nan,
-                    total_us=math.nan,
-                    effective_gbps=math.nan,
-                    wrong=r.get("wrong", math.nan),
-                    tolerance=math.nan,
-                    rel_err=math.nan,
-                    max_abs_err=r.get("max_abs_err", math.nan),
-                    timestamp=ts if isinstance(ts, str) else now,
-                    placement=r["placement"],
-                    redop=r["redop"],
-                    root=r["root"],
-                    block=b,
-                    source_line=r.get("source_line"),
+                    fp32_bytes=r["size_bytes"] // width * 4, wire_bytes=r["size_bytes"],
+                    time_us=time_us, time_us_max=math.nan, p50_us=r.get("p50_us", math.nan),
+                    p95_us=r.get("p95_us", math.nan), cv=r.get("cv", math.nan), rank_spread=math.nan,
+                    iters=n_iters, samples=None, algbw_gbps=r.get("algbw_gbps", math.nan),
+                    busbw_gbps=r.get("busbw_gbps", math.nan), encode_us=math.nan, comm_us=time_us,
+                    decode_us=math.nan, total_us=math.nan, effective_gbps=math.nan, wrong=r.get("wrong", math.nan),
+                    tolerance=math.nan, rel_err=math.nan, max_abs_err=r.get("max_abs_err", math.nan), timestamp=ts,
+                    placement=r["placement"], redop=r["redop"], root=r["root"], time_source=b.time_source,
+                    iter_min_us=r.get("iter_min_us", math.nan), iter_max_us=r.get("iter_max_us", math.nan),
+                    iter_p99_us=r.get("iter_p99_us", math.nan), iter_avg_us=r.get("iter_avg_us", math.nan),
+                    iter_stdev_us=r.get("iter_stdev_us", math.nan), iter_skipped=r.get("iter_skipped"),
+                    cycle=cycle, block=b.index, source_line=r.get("source_line"),
                 )
-            )
+            )  # fmt: skip
+        for it in b.iterations:
+            r = by_result[(it["result_index"], it["placement"])]
+            iters.append(
+                NcclIteration(
+                    block=b.index, collective=r["collective"], dtype=r["dtype"], redop=r["redop"], root=r["root"],
+                    size_bytes=r["size_bytes"], placement=it["placement"], process=it["process"],
+                    iteration=it["iteration"], time_us=it["time_us"],
+                )
+            )  # fmt: skip
     df = res.records_frame(out)
-    devs = list(all_devices.values())
+    devs = [d for b in blocks for d in b.devices.values()]
     hosts_all = sorted({d.host for d in devs})
-    world = max(worlds) if worlds else None
-    nodes = len({d.host for d in devs if d.rank is not None}) if devs else None
-    first_block = blocks[0] if blocks else {}
-    argv = [*sys.argv]
-    starts = [b.get("start_time") for b in blocks if b.get("start_time")]
-    ends = [b.get("end_time") for b in blocks if b.get("end_time")]
+    sizes = {w.size for w in worlds if w.size}
+    world = max(sizes) if sizes else None
+    nodes = {w.nodes for w in worlds if w.nodes}
+    first = blocks[0]
+    stamps = sorted(t for t in df["timestamp"].astype(str) if t and t[:4].isdigit())
+    start = first.start_time or (stamps[0] if any(r.get("timestamp") for b in blocks for r in b.rows) else now)
+    end = blocks[-1].end_time or (stamps[-1] if any(r.get("timestamp") for b in blocks for r in b.rows) else now)
+    n_nodes = max(nodes) if nodes else None
     meta = build_metadata(
-        start_time=starts[0] if starts else now,
-        end_time=ends[-1] if ends else now,
+        start_time=start,
+        end_time=end,
         host=devs[0].host if devs else None,
         hosts=hosts_all,
         device_name=devs[0].info if devs else None,
         backend="nccl",
         world_size=world,
-        nodes=nodes,
-        nproc_per_node=(world // nodes) if world and nodes and world % nodes == 0 else None,
+        nodes=n_nodes,
+        nproc_per_node=(world // n_nodes) if world and n_nodes and world % n_nodes == 0 else None,
         threads_per_rank=None,
         launcher="import",
         torch_version=None,
-        nccl_version=info.get("nccl_version"),
+        nccl_version=next((b.nccl_version for b in blocks if b.nccl_version), None),
         suite={
-            "source": "nccl-tests",
-            "format": fmt,
+            "source": first.tool,
+            "format": log.format,
             "file": path.name,
-            "nccl_tests_version": info.get("nccl_tests_version"),
+            "nccl_tests_version": first.tests_version,
             "collectives": sorted(df["collective"].unique().tolist()),
             "types": sorted(df["dtype"].unique().tolist()),
             "tables": len(blocks),
-            "settings": first_block.get("settings", {}),
-            "args": first_block.get("args"),
+            "settings": first.settings,
+            "args": first.args,
+            "run": run + 1,
+            "runs_in_file": n_runs,
+            "lines": [b.line for b in blocks if b.line is not None],
         },
-        timing={"source": "nccl-tests", "iters": first_block.get("settings", {}).get("iters")},
-        argv=argv,
-        extra={"imported_from": str(path.resolve())},
+        timing={
+            "source": first.tool,
+            "iters": first.settings.get("iters"),
+            "time_source": sorted({b.time_source for b in blocks}),
+        },  # fmt: skip
+        argv=[*sys.argv],
+        extra={
+            "imported_from": str(path.resolve()),
+            "world_size_from": sorted({w.source for w in worlds}),
+            "skipped_lines": skipped,
+            "recovered_rows": sorted(
+                {tuple(r["joined_lines"]) for b in blocks for r in b.rows if r.get("joined_lines")}
+            ),
+            "import_warnings": warnings,
+        },
     )
-    return df, meta
+    return df, res.records_frame(iters) if iters else pd.DataFrame(), meta

@@ -1,10 +1,12 @@
 """Comparing runs: align points, ratio tables, overlay plots, fairness warnings, HTML + Markdown.
 
 This module owns `compare_runs` (the `python -m commbench compare` view) and `compare_warnings`.
-Points are aligned by (collective, precision, size_bytes) on each run's primary payload (normal
-first); repeated points in one run (imports with in-place and out-of-place rows, several runs in
-one log) enter as their median. The first run is the baseline A; every other run B gets B/A ratios.
-It reads run directories only.
+Points are aligned by (collective, precision, group, size_bytes) on each run's primary payload (normal
+first) and, when every run has them (nccl-tests imports), by placement: out-of-place and in-place are
+compared separately. When only some runs have placements, theirs enter as the median of the two, and a
+warning says so; repeated points in one run (``-N`` cycles) enter as their median. The first run is the
+baseline A; every other run B gets B/A ratios of time and of busbw, each the ratio of the runs' own numbers
+(their bus factors may differ: different world sizes). It reads run directories only.
 """
 
 from __future__ import annotations
@@ -51,7 +53,11 @@ __all__ = [
 
 ALIGN_KEYS = ["collective", "precision", "group", "size_bytes"]
 """A point is the same point in two runs when these agree (group: world, intra, inter; "world" for runs
-written before groups existed)."""
+written before groups existed); and the placement, when every run has one (`PLACEMENT`)."""
+PLACEMENT = "placement"
+NO_PLACEMENT = "-"
+"""The placement of a point from a run without placements (commbench's own runs), or of the median of an
+import's out-of-place and in-place rows when it is compared with such a run."""
 LINESTYLES = ["-", "--", ":", "-."]
 
 # metadata fields that make a comparison unfair when they differ, with why (shown to the user).
@@ -117,35 +123,52 @@ def compare_warnings(runs: Sequence[RunData | Path | str], labels: list[str] | N
             f"{', '.join(imported)} imported from nccl-tests: times are nccl-tests' (GPU kernels, no "
             "encode/decode), compared with commbench's own timing protocol."
         )
+    placed = [lab for lab, r in zip(labels, runs, strict=True) if _has_placement(r)]
+    if placed and len(placed) < len(runs):
+        out.append(
+            f"{', '.join(placed)} report out-of-place and in-place separately and the other run(s) do not: "
+            f"{'their' if len(placed) > 1 else 'its'} two placements enter as their median."
+        )
     al = aligned(runs, labels)
     if al.empty:
         out.append("the runs have no (collective, precision, size) point in common: nothing to compare.")
     return out
 
 
-def _points(run: RunData) -> pd.DataFrame:
+def _has_placement(run: RunData) -> bool:
+    return PLACEMENT in run.results.columns and bool(run.results[PLACEMENT].notna().any())
+
+
+def _points(run: RunData, by_placement: bool) -> pd.DataFrame:
     df = run.results
+    keys = [*ALIGN_KEYS, PLACEMENT]
     if df.empty:
-        return pd.DataFrame(columns=[*ALIGN_KEYS, "busbw_gbps", "time_us", "effective_gbps"])
+        return pd.DataFrame(columns=[*keys, "busbw_gbps", "time_us", "effective_gbps"])
     df = speed_rows(df)
     df = df.assign(group=df["group"].fillna(WORLD_GROUP) if "group" in df.columns else WORLD_GROUP)
+    if by_placement:
+        df = df.assign(placement=df[PLACEMENT].fillna(NO_PLACEMENT).astype(str))
+    else:  # the median over placements, as the docstring says
+        df = df.assign(placement=NO_PLACEMENT)
     vals = [
         c
         for c in ("busbw_gbps", "time_us", "time_ci_low_us", "time_ci_high_us", "algbw_gbps", "effective_gbps")
         if c in df.columns
     ]
-    d = df[ALIGN_KEYS + vals].copy()
+    d = df[keys + vals].copy()
     for c in vals:
         d[c] = pd.to_numeric(d[c], errors="coerce")
-    return d.groupby(ALIGN_KEYS, as_index=False)[vals].median()
+    return d.groupby(keys, as_index=False)[vals].median()
 
 
 def aligned(runs: list[RunData], labels: list[str]) -> pd.DataFrame:
-    """Inner join of every run's points on (collective, precision, size_bytes); columns
-    `<metric>|<label>` per run."""
+    """Inner join of every run's points on (collective, precision, group, size_bytes, placement); columns
+    `<metric>|<label>` per run. The placement is the rows' own when every run has placements, else "-" (the
+    median over an import's placements)."""
     merged: pd.DataFrame | None = None
+    by_placement = bool(runs) and all(_has_placement(r) for r in runs)
     for run, lab in zip(runs, labels, strict=True):
-        p = _points(run).set_index(ALIGN_KEYS)
+        p = _points(run, by_placement).set_index([*ALIGN_KEYS, PLACEMENT])
         p.columns = [f"{c}|{lab}" for c in p.columns]
         merged = p if merged is None else merged.join(p, how="inner")
     if merged is None or merged.empty:
@@ -156,18 +179,20 @@ def aligned(runs: list[RunData], labels: list[str]) -> pd.DataFrame:
 def ratio_table(al: pd.DataFrame, labels: list[str]) -> Table:
     """Per aligned point: baseline busbw and time, then per other run busbw B/A and time B/A."""
     a = labels[0]
-    cols = ["collective", "precision", "group", "size", f"busbw {a} (GB/s)", f"time {a} (us)"]
+    placed = _shows_placement(al)
+    cols = ["collective", "precision", "group", *(["placement"] if placed else []), "size", f"busbw {a} (GB/s)", f"time {a} (us)"]
     for b in labels[1:]:
         cols += [f"busbw {b}", f"busbw {b}/{a}", f"time {b}", f"time {b}/{a}"]
     rows = []
     colls = order(al["collective"].unique(), COLLECTIVE_ORDER) if len(al) else []
     for coll in colls:
-        g = al[al["collective"] == coll].sort_values(["group", "precision", "size_bytes"])
+        g = al[al["collective"] == coll].sort_values(["group", "precision", PLACEMENT, "size_bytes"])
         for _, r in g.iterrows():
             row = [
                 str(r["collective"]),
                 str(r["precision"]),
                 str(r["group"]),
+                *([str(r[PLACEMENT])] if placed else []),
                 human_size(float(r["size_bytes"])),
                 fmt(r.get(f"busbw_gbps|{a}")),
                 fmt(r.get(f"time_us|{a}")),
@@ -185,8 +210,15 @@ def ratio_table(al: pd.DataFrame, labels: list[str]) -> Table:
         f"Aligned points: ratios against {a} (busbw B/A > 1 and time B/A < 1 mean B is faster)",
         cols,
         rows,
-        "Aligned by collective, precision and size on the wire; each run's primary payload.",
+        "Aligned by collective, precision and size on the wire (and placement, when every run has them); each run's "
+        "primary payload. busbw B/A is the ratio of the runs' own busbw (their bus factors differ when their world "
+        "sizes do), not the inverse of the time ratio.",
     )
+
+
+def _shows_placement(al: pd.DataFrame) -> bool:
+    """Tables show a placement column only when the points were aligned by placement."""
+    return PLACEMENT in al.columns and bool((al[PLACEMENT].astype(str) != NO_PLACEMENT).any())
 
 
 def _ratio(b: Any, a: Any) -> float:
@@ -230,13 +262,15 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
     for b in labels[1:]:
         points: list[tuple[Any, Any, Any, Any, float, float]] = []  # (coll, prec, grp, row, log ratio, total se)
         for (coll, prec, grp), g in al.groupby(["collective", "precision", "group"], sort=False):
-            for _, r in g.sort_values("size_bytes").iterrows():
+            for _, r in g.sort_values([PLACEMENT, "size_bytes"] if PLACEMENT in g.columns else "size_bytes").iterrows():
                 e = stats.ratio_of(_estimate(r, b), _estimate(r, a))
                 points.append((coll, prec, grp, r, math.log(e.value) if e.value > 0 else math.nan, e.log_se))
         adj = stats.adjust_many([p[4] for p in points], [p[5] for p in points])
         for (coll, prec, grp, r, lr, se_), chosen, pv in zip(points, adj.selected, adj.p_values, strict=True):
             ta, tb = float(r.get(f"time_us|{a}", math.nan)), float(r.get(f"time_us|{b}", math.nan))
             ratio = tb / ta if ta > 0 else math.nan
+            # busbw's own ratio: with different world sizes the bus factors differ, so it is not 1/time ratio
+            bus = _ratio(r.get(f"busbw_gbps|{b}"), r.get(f"busbw_gbps|{a}"))
             if math.isfinite(se_):
                 est = stats.Estimate(math.exp(lr), math.exp(lr - adj.z * se_), math.exp(lr + adj.z * se_), 0)
                 sig: bool | None = chosen and stats.significant(est, min_effect)
@@ -251,10 +285,11 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
                 verdict = f"{b} faster" if hi < 1 else f"{b} slower"
             rows.append(
                 {
-                    "collective": coll, "precision": prec, "group": grp, "size_bytes": int(r["size_bytes"]),
+                    "collective": coll, "precision": prec, "group": grp,
+                    "placement": str(r.get(PLACEMENT, NO_PLACEMENT)), "size_bytes": int(r["size_bytes"]),
                     "baseline": a, "run": b, "time_us_baseline": ta, "time_us_run": tb,
                     "time_ratio": ratio, "time_ratio_ci_low": lo, "time_ratio_ci_high": hi,
-                    "busbw_ratio": 1.0 / ratio if ratio > 0 else math.nan, "p_value": pv, "n_compared": adj.m,
+                    "busbw_ratio": bus, "p_value": pv, "n_compared": adj.m,
                     "significant": sig, "verdict": verdict,
                 }
             )  # fmt: skip
@@ -262,23 +297,28 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
 
 
 COMPARE_COLUMNS = [
-    "collective", "precision", "group", "size_bytes", "baseline", "run", "time_us_baseline", "time_us_run",
+    "collective", "precision", "group", "placement", "size_bytes", "baseline", "run", "time_us_baseline", "time_us_run",
     "time_ratio", "time_ratio_ci_low", "time_ratio_ci_high", "busbw_ratio", "p_value", "n_compared", "significant",
     "verdict",
 ]  # fmt: skip
 """Columns of compare.csv: time_ratio = run / baseline (< 1: the run is faster) with its interval, adjusted for
 the ``n_compared`` ratios judged together (false-coverage-rate interval after Benjamini-Hochberg at 5 %); p_value
-is the ratio's own two-sided p-value before adjustment."""
+is the ratio's own two-sided p-value before adjustment. busbw_ratio = the run's busbw / the baseline's, each as its
+run computed it (not 1/time_ratio: two world sizes have two bus factors). placement: out-of-place or in-place when
+every run reports both (compared separately), "-" otherwise (an import's two as their median)."""
 
 
 def significance_table(rf: pd.DataFrame) -> Table:
     """compare.csv as a table: every aligned point's time ratio with its interval and verdict."""
-    cols = ["collective", "precision", "size", "run", "time B/A", "interval (adjusted)", "busbw B/A", "verdict"]
+    placed = _shows_placement(rf)
+    cols = ["collective", "precision", *(["placement"] if placed else []), "size", "run", "time B/A",
+            "interval (adjusted)", "busbw B/A", "verdict"]  # fmt: skip
     rows = []
     for _, r in rf.iterrows():
         ci = f"{fmt(r['time_ratio_ci_low'])}–{fmt(r['time_ratio_ci_high'])}" if pd.notna(r["time_ratio_ci_low"]) else "n/a"
         rows.append(
-            [str(r["collective"]), str(r["precision"]), human_size(float(r["size_bytes"])), str(r["run"]),
+            [str(r["collective"]), str(r["precision"]), *([str(r[PLACEMENT])] if placed else []),
+             human_size(float(r["size_bytes"])), str(r["run"]),
              fmt(r["time_ratio"]), ci, fmt(r["busbw_ratio"]), str(r["verdict"])]
         )  # fmt: skip
     return Table(
@@ -295,7 +335,8 @@ def significance_table(rf: pd.DataFrame) -> Table:
 def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None = None) -> Table:
     """Geometric-mean ratios per collective x precision (the right mean for ratios)."""
     a = labels[0]
-    cols = ["collective", "precision", "group", "points"]
+    placed = _shows_placement(al)
+    cols = ["collective", "precision", "group", *(["placement"] if placed else []), "points"]
     for b in labels[1:]:
         cols += [f"busbw {b}/{a} (geomean)", f"time {b}/{a} (geomean)", "95 % CI", "verdict", f"busbw {b}/{a} @ largest"]
     rows = []
@@ -304,15 +345,17 @@ def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None =
         porder = order(al["precision"].unique(), (FP32_PRECISION,))
         al = al.assign(_c=al["collective"].map(corder.index), _p=al["precision"].map(porder.index))
         al = al.sort_values(["_c", "_p", "size_bytes"])
-        for (coll, prec, grp), g in al.groupby(["collective", "precision", "group"], sort=False):
+        keys = ["collective", "precision", "group", PLACEMENT]
+        for (coll, prec, grp, pl), g in al.groupby(keys, sort=False):
             g = g.sort_values("size_bytes")
-            row = [str(coll), str(prec), str(grp), str(len(g))]
+            row = [str(coll), str(prec), str(grp), *([str(pl)] if placed else []), str(len(g))]
             for b in labels[1:]:
                 bus = g[f"busbw_gbps|{b}"] / g[f"busbw_gbps|{a}"]
                 tim = g[f"time_us|{b}"] / g[f"time_us|{a}"]
                 ci, verdict = "n/a", "no interval"
                 if rf is not None and len(rf):
-                    fam = rf[(rf["collective"] == coll) & (rf["precision"] == prec) & (rf["group"] == grp) & (rf["run"] == b)]
+                    fam = rf[(rf["collective"] == coll) & (rf["precision"] == prec) & (rf["group"] == grp)
+                             & (rf[PLACEMENT].astype(str) == str(pl)) & (rf["run"] == b)]  # fmt: skip
                     gm = stats.geometric_mean_ci(
                         [stats.Estimate(float(x.time_ratio), float(x.time_ratio_ci_low), float(x.time_ratio_ci_high), 0)
                          for x in fam.itertuples() if pd.notna(x.time_ratio_ci_low)]
@@ -344,20 +387,24 @@ def _overlay(al: pd.DataFrame, labels: list[str], metric: str, ylabel: str, what
     colour = {p: ("black" if p == FP32_PRECISION else cycle[i % len(cycle)]) for i, p in enumerate(precs)}
     for ax, coll in zip(axes, colls, strict=True):
         g = al[al["collective"] == coll]
+        placements = sorted(g[PLACEMENT].astype(str).unique()) if PLACEMENT in g.columns else [NO_PLACEMENT]
         for prec in precs:
-            gp = g[g["precision"] == prec].sort_values("size_bytes")
-            if gp.empty:
-                continue
-            for i, lab in enumerate(labels):
-                ax.plot(
-                    gp["size_bytes"],
-                    gp[f"{metric}|{lab}"],
-                    linestyle=LINESTYLES[i % len(LINESTYLES)],
-                    marker="o",
-                    markersize=3,
-                    color=colour[prec],
-                    label=no_math(f"{prec} [{lab}]"),
-                )
+            for k, pl in enumerate(placements):
+                gp = g[(g["precision"] == prec) & (g[PLACEMENT].astype(str) == pl if PLACEMENT in g.columns else True)]
+                gp = gp.sort_values("size_bytes")
+                if gp.empty:
+                    continue
+                name = prec if pl == NO_PLACEMENT else f"{prec} {pl}"
+                for i, lab in enumerate(labels):
+                    ax.plot(
+                        gp["size_bytes"],
+                        gp[f"{metric}|{lab}"],
+                        linestyle=LINESTYLES[i % len(LINESTYLES)],
+                        marker="os^v"[k % 4],
+                        markersize=3,
+                        color=colour[prec],
+                        label=no_math(f"{name} [{lab}]"),
+                    )
         log2_size_axis(ax, g["size_bytes"])
         if logy:
             log_y_axis(ax)
@@ -444,12 +491,16 @@ def console_lines(compare_csv: Path, width: int | None = None) -> list[str]:
     rf = pd.read_csv(compare_csv)
     if rf.empty:
         return ["# compare: the runs have no point in common"]
-    out = [f"# {'collective':<15} {'precision':<14} {'group':<6} {'size':>8} {'run':<12} {'time B/A':>8} {'interval':>11}  verdict"]
+    placed = PLACEMENT in rf.columns and bool((rf[PLACEMENT].astype(str) != NO_PLACEMENT).any())
+    pl_head = f" {'placement':<12}" if placed else ""
+    out = [f"# {'collective':<15} {'precision':<14} {'group':<6}{pl_head} {'size':>8} {'run':<12} {'time B/A':>8} {'interval':>11} {'busbw B/A':>9}  verdict"]
     for r in rf.itertuples():
         ci = f"{r.time_ratio_ci_low:.2f}-{r.time_ratio_ci_high:.2f}" if pd.notna(r.time_ratio_ci_low) else "n/a"
+        pl = f" {str(getattr(r, PLACEMENT))[:12]:<12}" if placed else ""
         out.append(
-            f"  {str(r.collective)[:15]:<15} {str(r.precision)[:14]:<14} {str(r.group)[:6]:<6} "
-            f"{human_size(float(r.size_bytes)):>8} {str(r.run)[:12]:<12} {r.time_ratio:>8.3f} {ci:>11}  {r.verdict}"
+            f"  {str(r.collective)[:15]:<15} {str(r.precision)[:14]:<14} {str(r.group)[:6]:<6}{pl} "
+            f"{human_size(float(r.size_bytes)):>8} {str(r.run)[:12]:<12} {r.time_ratio:>8.3f} {ci:>11} "
+            f"{r.busbw_ratio:>9.3f}  {r.verdict}"
         )
     sig = rf["significant"].map(lambda v: v is True or str(v) == "True")
     out.append(
