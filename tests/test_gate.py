@@ -147,3 +147,16 @@ def test_node_view_names_the_slow_node_its_spikes_and_the_links(tmp_path: Path) 
     assert "straggler: node" not in text  # b: 8 of 8 at chance 1/2, p = 0.0039, above the 1e-3 alarm level
     assert "spikes: rank 3 on b at 2 point(s), over 1.5x the other ranks' median" in text and "(3.0x)" in text
     assert "nodes' links differ: b (1 × 50 Mb/s tbf (eth0)) below the fastest 0.025 GB/s" in text
+
+
+def test_an_nccl_tests_import_is_judged_on_its_values_per_placement(tmp_path: Path) -> None:
+    from commbench.store.nccl_import import import_nccl_tests
+
+    log = Path(__file__).parent / "data" / "nccl_all_reduce_float.txt"
+    # its last row: 16777216 B, busbw 56.62 GB/s out of place, 54.98 in place
+    run = import_nccl_tests(log, tmp_path / "imp")
+    res = check_run(run, Bars(min_busbw=55.0))
+    assert res.failures == ["all_reduce fp32 [world] in-place 16 MiB: busbw 54.98 GB/s (no interval) is below 55 GB/s"]
+    assert res.judged == {"busbw": 2}
+    with pytest.raises(ValueError, match="no point of .* has a link rate"):
+        check_run(run, Bars(min_link_util=0.8))

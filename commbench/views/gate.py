@@ -92,7 +92,9 @@ def _f(v: Any) -> float:
 def _where(r: Any) -> str:
     grp = r.get("group")
     grp = WORLD_GROUP if grp is None or (isinstance(grp, float) and math.isnan(grp)) else grp
-    return f"{r['collective']} {r['precision']} [{grp}] {human_bytes(_f(r['size_bytes']))}"
+    place = r.get("placement")  # an nccl-tests import keeps out-of-place and in-place rows of one size
+    place = f" {place}" if isinstance(place, str) and place else ""
+    return f"{r['collective']} {r['precision']} [{grp}]{place} {human_bytes(_f(r['size_bytes']))}"
 
 
 def _limited_by(r: Any) -> str:
