@@ -197,14 +197,14 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
         "check",
         help="gate a finished run (acceptance, CI): exit 1 naming every point significantly below a bar, 0 when "
         "all hold; a per-node view of ranks.csv (not `run --check`, the correctness pass)",
-        description="Exit 1 and name every point whose 95 %% interval lies below a bar; 0 when all hold; 2 on bad "
+        description="Exit 1 and name every point whose 95 % interval lies on the wrong side of a bar; 0 when all hold; 2 on bad "
         "input. Then the per-node view: each node's link, its ranks' time against the others', waits, spikes.",
     )  # fmt: skip
     chk.add_argument("run_dir", type=Path, metavar="RUN")
     chk.add_argument("--baseline", type=Path, metavar="RUN", help="run to measure --max-slowdown against")
-    chk.add_argument("--min-busbw", type=_positive_float, metavar="GB/s", help="fail points whose busbw is below this")
-    chk.add_argument("--max-slowdown", metavar="PCT", help="fail points whose time exceeds the baseline's by more than this, e.g. 10%%")
-    chk.add_argument("--min-link-util", type=_positive_float, metavar="FRACTION", help="fail points whose busbw is below this fraction of their link (link_util), e.g. 0.8")
+    chk.add_argument("--min-busbw", type=_positive_float, metavar="GB/s", help="fail points whose busbw interval lies below this")
+    chk.add_argument("--max-slowdown", metavar="PCT", help="fail points whose time over the baseline's (its interval) exceeds 1 + this, e.g. 10%%")
+    chk.add_argument("--min-link-util", type=_positive_float, metavar="FRACTION", help="fail points whose busbw interval lies below this fraction of their link (link_util), e.g. 0.8")
     chk.add_argument("--from-size", type=_size, metavar="SIZE", help="judge every point of at least this size on the wire, e.g. 64M (default: the bandwidth bars judge each series' largest size, --max-slowdown every size)")
 
     imp = sub.add_parser("import", help="import another tool's output into a run directory")
