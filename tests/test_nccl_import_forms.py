@@ -337,6 +337,29 @@ def test_rccl_in_place_only_and_fp8_type_names(tmp_path: Path) -> None:
     assert set(df["world_size"]) == {8}
 
 
+def test_rccl_text_from_a_real_run(tmp_path: Path) -> None:
+    src = REAL / "hpe_rccl_tests_mi300x_8gpu.txt"
+    res = import_log(src, tmp_path / "run")
+    df = commbench.load(res.runs[0])
+    (toks,) = table_rows(src.read_text())
+    assert list(df.sort_values("placement", ascending=False)["busbw_gbps"]) == [float(toks[7]), float(toks[11])]
+    assert set(df["impl"]) == {"rccl-tests"} and set(df["world_size"]) == {8} and res.warnings == []
+    lo, hi = factor_bounds(toks[7], toks[6])
+    assert lo <= ring(8) <= hi and not lo <= ring(7) <= hi and not lo <= ring(9) <= hi
+    meta = commbench.load_metadata(res.runs[0])
+    assert meta["suite"]["nccl_tests_version"] == "develop:83d38d9" and meta["device_name"] == "AMD Instinct MI300X"
+
+
+def test_a_file_starting_with_bracket_is_json_only_when_it_is_json(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"version": 3,\n  "results": [}]')
+    with pytest.raises(ValueError, match="^line 2: malformed nccl-tests JSON"):
+        import_log(bad, tmp_path / "a")
+    doc = w.nccl_json("all_reduce", _measures(2), w.Layout(procs=1, ngpus=8), mpi=False)
+    (tmp_path / "list.json").write_text("[" + doc + "]")
+    assert set(commbench.load(import_log(tmp_path / "list.json", tmp_path / "b").runs[0])["world_size"]) == {8}
+
+
 def test_rccl_json_lines_from_a_real_run(tmp_path: Path) -> None:
     src = REAL / "rccl_tests_pr93_json_lines.json"
     recs = [json.loads(ln) for ln in src.read_text().splitlines()]
