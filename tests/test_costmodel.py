@@ -177,15 +177,19 @@ def test_extrapolation_flags_say_which() -> None:
     assert inside.reason == "measured at 1M (n=4 on 1 node)"
     interp = model.predict("all_reduce", "fp32", world_size=3, nbytes=2**20)
     assert not interp.extrapolated and "interpolated" in interp.reason and "world size 3" in interp.reason
-    assert interp.source == "fitted" and "n=3 was not measured (measured: n=2 on 1 node, n=4 on 1 node)" in (
-        interp.warnings[0]
+    # n=3 was not measured: the nearest world's points (n=4) scaled by the ring formula, exact on exact points
+    assert interp.source == "scaled" and interp.warnings[0].startswith(
+        "n=3 was not measured: the n=4 on 1 node points (measured at 1M) scaled by the ring formula"
     )
+    assert interp.time_s == pytest.approx(ring_time("all_reduce", 3, 2**20), rel=1e-9)
     big = model.predict("all_reduce", "fp32", world_size=4, nbytes=2**30)
     assert big.extrapolated and "size" in big.reason and "world size" not in big.reason
     small = model.predict("all_reduce", "fp32", world_size=2, nbytes=1024)
     assert small.extrapolated and "size 1024" in small.reason
     wide = model.predict("all_reduce", "fp32", world_size=64, nbytes=2**20)
     assert wide.extrapolated and "world size 64 outside the fitted 2,4" in wide.reason
+    assert wide.source == "scaled" and "world size 64 outside the fitted 2,4 (ring formula)" in wide.warnings
+    assert big.source == "fitted" and "size 1G outside the measured 64K..64M" in big.warnings[0]
     both = model.predict("all_reduce", "fp32", world_size=64, nbytes=2**30)
     assert both.extrapolated and "size" in both.reason and "world size 64" in both.reason
 

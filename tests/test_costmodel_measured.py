@@ -94,8 +94,17 @@ def test_outside_the_points_the_fit_prices_and_warns() -> None:
         == "priced by the fitted ring model, not by measured points: size 1M outside the measured 1K..8K"
     )
     assert any("outside the fitted" in w for w in big.warnings)
+    # another world size, inside the measured sizes: the n=4 points scaled by the ring formula's ratio, whose
+    # bounds are those of pure latency (2(n-1) steps: 14/6) and pure bandwidth (2(n-1)/n: 1.75/1.5)
     other = model.predict("all_reduce", "fp32", world_size=8, nbytes=4096)
-    assert other.source == "fitted" and "n=8 was not measured (measured: n=4 on 1 node)" in other.warnings[0]
+    ratio = (f.alpha_s * 14 + f.beta_s_per_byte * 4096 * 1.75) / (f.alpha_s * 6 + f.beta_s_per_byte * 4096 * 1.5)
+    assert other.source == "scaled" and other.extrapolated  # a world size outside the measured ones
+    assert other.time_s == pytest.approx(30e-6 * ratio, rel=1e-12)
+    assert (other.low_s, other.high_s) == pytest.approx((27e-6 * 1.75 / 1.5, 33e-6 * 14 / 6), rel=1e-12)
+    assert other.warnings[0].startswith(
+        "n=8 was not measured: the n=4 on 1 node points (measured at 4K) scaled by the ring formula"
+    )
+    assert "world size 8 outside the fitted 4 (ring formula)" in other.warnings
     # the kink misses any line: worst residual of the fit, computed here from its parameters
     worst = max(
         abs(ti * 1e-6 / (f.alpha_s * 6 + f.beta_s_per_byte * s * 1.5) - 1) for s, ti in zip(sizes, t, strict=True)
@@ -158,15 +167,24 @@ def test_a_real_log_warns_outside_its_sizes_world_and_nodes(a3mega: pd.DataFrame
     big = model.predict("all_reduce", "fp32", world_size=16, nbytes=2**34, nodes=2)
     assert big.source == "fitted" and big.extrapolated
     assert "size 16G outside the measured 8..8G" in big.warnings[0]
-    wider = model.predict("all_reduce", "fp32", world_size=32, nbytes=2**25, nodes=4)
-    assert wider.source == "fitted" and wider.extrapolated
-    assert "n=32 on 4 nodes was not measured (measured: n=16 on 2 nodes)" in wider.warnings[0]
-    assert any("world size 32 outside the fitted 16" in w for w in wider.warnings)
-    # the line misses the log's own points by far more than 20 % (computed from the log here): said
+    # 32 ranks on 4 nodes: the log's 16-rank points at that size, scaled by the ring formula (the per-node link
+    # carries the same bus bytes per rank; latency steps 2(n-1), bandwidth factor 2(n-1)/n)
     log = log_times_us(A3MEGA)
+    s = 2**25
+    wider = model.predict("all_reduce", "fp32", world_size=32, nbytes=s, nodes=4)
+    assert wider.source == "scaled" and wider.extrapolated
+    assert wider.warnings[0].startswith(
+        "n=32 on 4 nodes was not measured: the n=16 on 2 nodes points (measured at 32M) scaled by the ring formula"
+    )
+    assert any("world size 32 outside the fitted 16" in w for w in wider.warnings)
+    ratio = (f.alpha_s * 62 + f.beta_s_per_byte * s * 62 / 32) / (f.alpha_s * 30 + f.beta_s_per_byte * s * 30 / 16)
+    assert wider.time_s == pytest.approx(sum(log[s]) / 2 * 1e-6 * ratio, rel=1e-12)
+    bw, lat = (62 / 32) / (30 / 16), 62 / 30
+    assert (wider.low_s, wider.high_s) == pytest.approx((min(log[s]) * 1e-6 * bw, max(log[s]) * 1e-6 * lat), rel=1e-12)
+    # the line misses the log's own points by far more than 20 % (computed from the log here): said where it prices
     worst = max(abs(sum(v) / 2e6 / (f.alpha_s * 30 + f.beta_s_per_byte * s * 30 / 16) - 1) for s, v in log.items())
     assert worst > RESIDUAL_WARN
-    assert any("the fit misses its own points by up to" in w for w in wider.warnings)
+    assert any("the fit misses its own points by up to" in w for w in big.warnings)
     assert "# warning all_reduce/fp32/world: the fit misses its own points by up to" in model.format_summary()
 
 

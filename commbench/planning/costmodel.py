@@ -9,9 +9,13 @@ Measured first, fitted beyond
 -----------------------------
 A model keeps the points it was fitted to, one :class:`commbench.planning.interpolate.MeasuredCurve` per layout.
 Inside a curve's sizes, on exactly its layout (ranks, nodes spanned, link sharing), a call is priced from the points
-(``Prediction.source == "measured"``); the fitted model below prices only what no curve covers, a size, a world size,
-a node count or a link sharing that was not measured (``source == "fitted"``), and says so in
-``Prediction.warnings``, as it says when its own points miss it by more than :data:`RESIDUAL_WARN`. What no fit
+(``Prediction.source == "measured"``). A layout that was not measured (another world size, node count or link
+sharing) over the same kind of link takes the nearest measured layout's points at that size, scaled by the fitted
+formula's ratio between the two layouts (``source == "scaled"``): the measured level and bends, the formula's
+scaling; its interval spans the ratio of pure latency to that of pure bandwidth, whatever the fit's split. The fitted
+model alone prices only what no curve covers (a size outside every measured range, or another kind of link:
+``source == "fitted"``). Both say so in ``Prediction.warnings``, the fitted price also when the fit misses its own
+points by more than :data:`RESIDUAL_WARN`. What no fit
 covers at all is named with the command that measures it (:meth:`CostModel.missing_measurement`).
 
 Model
@@ -260,7 +264,8 @@ class Prediction:
     fp32_bytes: float = math.nan
     """The nccl-tests size of the user's fp32 tensor used for the codec terms."""
     source: str = "fitted"
-    """What priced the comm term: ``measured`` (the points, interpolated) or ``fitted`` (the alpha-beta model)."""
+    """What priced the comm term: ``measured`` (the points of this layout, interpolated), ``scaled`` (another
+    layout's points scaled by the formula) or ``fitted`` (the alpha-beta model alone)."""
     warnings: tuple[str, ...] = ()
     """What a planner must know about this price: the fitted model used outside the measured points (and why),
     an extrapolation in size, world size, nodes or link sharing, a fit that misses its own points by more than
@@ -386,9 +391,11 @@ class CostModel:
           of the link. Ignored for a group within one node.
 
         Where a measured curve of exactly this layout (``world_size``, ``nodes`` spanned, link sharing) covers the
-        size, the points price the call (``source == "measured"``, ``reason`` names them, no warning); elsewhere the
-        fit does (``source == "fitted"``) and ``warnings`` says why no points priced it, every extrapolation and a
-        fit missing its own points by more than :data:`RESIDUAL_WARN`.
+        size, the points price the call (``source == "measured"``, ``reason`` names them, no warning); where only
+        another layout over the same kind of link measured the size, its points scaled by the formula do
+        (``source == "scaled"``); elsewhere the fit does (``source == "fitted"``). ``warnings`` says why no points
+        of this layout priced it, every extrapolation and (fitted) a fit missing its own points by more than
+        :data:`RESIDUAL_WARN`.
 
         ``extrapolated`` is True when the size, the world size or the link sharing lies outside the fitted range
         (``reason`` says which); a world size inside the range but not measured is interpolated by the formula.
@@ -465,6 +472,23 @@ class CostModel:
                 f"{where} (n={n} on {spans})"
                 + ("; no spread measured: interval from the curve's scatter" if curve.spread == "none" else "")
             ]
+        elif curve is None and (near := _nearest(curves, n, share, wire)) is not None:
+            # another layout measured this size over the same kind of link: its points, scaled by the formula
+            tm, lm, hm, where = near.at(wire)
+            b0 = alg.latency_steps(collective, near.world_size)
+            b1 = wire * alg.bandwidth_factor(collective, near.world_size) * max(near.link_share, 1)
+            base = f.comm.value(b0, b1)
+            ra, rb = x0 / b0, x1 / b1  # the ratio of pure latency and of pure bandwidth: any split lies between
+            r = t / base if base > 0 else max(ra, rb)
+            t, low, high = tm * r, lm * min(ra, rb), hm * max(ra, rb)
+            lsd = math.log(high / low) / (2 * Z95) if low > 0 else math.nan
+            source = "scaled"
+            there = _layout_text(near.world_size, near.spans, near.link_share)
+            warnings.append(
+                f"{_layout_text(n, nodes, share)} was not measured: the {there} points ({where}) scaled by the "
+                f"{alg.name} formula, x{r:.3g} (x{min(ra, rb):.3g}..x{max(ra, rb):.3g} for any latency/bandwidth split)"
+            )
+            warnings.extend(reasons)
         else:
             warnings.append(f"priced by the fitted {alg.name} model, not by measured points: "
                             + self._why_fitted(key, curves, curve, n, nodes, share, wire))  # fmt: skip
@@ -521,9 +545,7 @@ class CostModel:
         if not curves:
             return f"the model keeps no measured points for {'/'.join(key)}"
         if curve is None:
-            here = f"n={n}" + (f" on {nodes} node{'s' if nodes != 1 else ''}" if nodes is not None else "")
-            here += f", node link shared by {share}" if share > 1 else ""
-            return f"{here} was not measured (measured: {layouts(curves)})"
+            return f"{_layout_text(n, nodes, share)} was not measured (measured: {layouts(curves)})"
         measured = f"{human_bytes(curve.min_bytes)}..{human_bytes(curve.max_bytes)}"
         return f"size {human_bytes(wire)} outside the measured {measured}"
 
@@ -643,6 +665,21 @@ def measure_command(
         hi = 2 ** (int(math.ceil(math.log2(fp32_bytes))) + 1)
         cmd += f" -b {format_size(lo)} -e {format_size(hi)}"
     return f"measure it: {cmd}"
+
+
+def _layout_text(n: int, nodes: int | None, share: int) -> str:
+    """A layout as warnings name it: ``n=64 on 8 nodes, node link shared by 8``."""
+    here = f"n={n}" + (f" on {nodes} node{'s' if nodes != 1 else ''}" if nodes is not None else "")
+    return here + (f", node link shared by {share}" if share > 1 else "")
+
+
+def _nearest(curves: Sequence[MeasuredCurve], n: int, share: int, wire: float) -> MeasuredCurve | None:
+    """The measured curve that covers ``wire`` bytes over the same kind of link (across nodes or within one) with
+    the world size nearest ``n`` (in ratio; the larger on a tie); None when no curve does."""
+    same = [c for c in curves if (c.link_share > 0) == (share > 0) and c.covers(wire)]
+    if not same:
+        return None
+    return min(same, key=lambda c: (abs(math.log(n / c.world_size)), -c.world_size))
 
 
 def _lognormal_interval(t: float, log_sd: float) -> tuple[float, float]:
