@@ -181,3 +181,23 @@ def test_plan_refusals_are_one_line_exit_2(
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith("commbench: error: ") and "Traceback" not in err
     assert needle in err
+
+
+def test_pricing_warnings_reach_console_md_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a published-style nccl-tests log (all_reduce, float, 4 ranks on 2 nodes, 1K..16M): DDP's 25 MiB buckets lie
+    # beyond its largest size, so the price comes from the fitted model and says so, with its interval
+    run = tmp_path / "run"
+    data = Path(__file__).parent / "data" / "nccl_all_reduce_float.txt"
+    assert cli.main(["import", "nccl-tests", str(data), "--out", str(run)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "plan"
+    rc = cli.main(["plan", str(run), "--params", "1e9", "--nodes", "2", "--gpus-per-node", "2", "--strategies",
+                   "ddp", "--precisions", "fp32", "--compute-ms", "100", "--out", str(out)])  # fmt: skip
+    console = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert console[0].startswith("1e+09 parameters on 2 x 2 ranks: ddp fp32") and "step " in console[0]
+    warn = [x for x in console if x.startswith("# ddp/fp32: ")]
+    assert warn and "all_reduce/fp32/world" in warn[0]
+    for page in ("plan.md", "plan.html"):
+        text = (out / page).read_text()
+        assert "Warnings" in text and "all_reduce/fp32/world" in text

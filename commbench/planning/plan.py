@@ -27,7 +27,7 @@ import pandas as pd
 
 from commbench.measure.precision import torch_dtype
 from commbench.planning.activations import ATTENTIONS, RECOMPUTES
-from commbench.planning.compute import GPU, GPUS
+from commbench.planning.compute import DEFAULT_MFU, GPU, GPUS
 from commbench.planning.costmodel import CostModel
 from commbench.planning.options import (
     OPTIMIZERS,
@@ -93,8 +93,10 @@ def plan(
     gpu_obj = _gpu(gpu)
     if gpu_obj is not None:
         device_memory = device_memory if device_memory is not None else gpu_obj.memory_bytes
+        if mfu is None and tflops is None and compute_ms is None and (model_preset is not None or layers is not None):
+            mfu = DEFAULT_MFU  # stated in the assumptions, settable with --mfu
         if mfu is not None and tflops is None and compute_ms is None:
-            tflops = gpu_obj.peak("bfloat16") / 1e12
+            tflops = gpu_obj.peak("bfloat16") / 1e12  # the dense bf16 peak for every option: stated
     shape, opt = _validate(
         params, nodes, gpus_per_node, strategies, precisions, optimizer, layers, hidden, heads, seq, micro_batch,
         device_memory, compute_ms, tflops, mfu, overlap,

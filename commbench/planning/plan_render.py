@@ -150,8 +150,10 @@ def answer_line(df: pd.DataFrame) -> str:
     if pd.notna(r["step_time_s"]):
         out += (
             f", step {r['step_time_s'] * 1e3:.4g} ms ({r['step_time_low_s'] * 1e3:.4g}-"
-            f"{r['step_time_high_s'] * 1e3:.4g}), {r['tokens_per_s']:.4g} tokens/s"
+            f"{r['step_time_high_s'] * 1e3:.4g})"
         )
+        if pd.notna(r["tokens_per_s"]):
+            out += f", {r['tokens_per_s']:.4g} tokens/s"
     elif pd.notna(r["comm_time_s"]):
         out += f", comm {r['comm_time_s'] * 1e3:.4g} ms ({r['comm_time_low_s'] * 1e3:.4g}-{r['comm_time_high_s'] * 1e3:.4g})"
     else:
@@ -163,7 +165,8 @@ def warnings(df: pd.DataFrame) -> list[list[str]]:
     """(option, warning) of every option whose communication is extrapolated or unpriced."""
     out = []
     for _, r in df.iterrows():
-        if r["comm_extrapolated"] is True or (pd.isna(r["comm_time_s"]) and r["comm_model"]):
+        warned = r.get("comm_warned") is True or r["comm_extrapolated"] is True
+        if warned or (pd.isna(r["comm_time_s"]) and r["comm_model"]):
             out.append([f"{r['strategy']}/{r['precision']}", str(r["comm_model"])])
     return out
 

@@ -123,6 +123,10 @@ class _Priced:
     extrapolated: bool = False
     windows: dict[str, list[float]] = field(default_factory=dict)
     """Overlap window -> [time, low, high] of the collectives in it."""
+    sources: list[str] = field(default_factory=list)
+    """What priced each call (``Prediction.source``: the measured points or the fitted model)."""
+    warned: bool = False
+    """A prediction warned (fitted beyond the measured points, extrapolated, a fit missing its own points)."""
 
     def add(self, window: str, t: float, lo: float, hi: float) -> None:
         self.time_s, self.low_s, self.high_s = self.time_s + t, self.low_s + lo, self.high_s + hi
@@ -227,6 +231,8 @@ def _price(
         out.extrapolated |= p.extrapolated
         # a price read off the measured points has no warning; a fitted one says why and how far it reaches
         out.notes.extend(f"{coll}/{prec}/{grp}: {x}" for x in p.warnings)
+        out.warned |= bool(p.warnings)
+        out.sources.append(p.source)
     return out
 
 
@@ -327,6 +333,7 @@ COLUMNS = {
     "comm_time_high_s": "95 % interval high (stated bandwidths: at 50 % of nominal), s",
     "codec_time_s": "of which encode + decode, s",
     "comm_extrapolated": "a priced call lies outside the model's fitted range",
+    "comm_warned": "the pricing warns (fitted beyond the measured points, extrapolated, a fit missing its points)",
     "comm_model": "what priced the communication, or what the model lacks; extrapolation warnings",
     "compute_s": "compute time per step, s",
     "exposed_comm_s": "communication not hidden behind compute (the strategy's overlap model), s",
@@ -392,6 +399,7 @@ def price_option(
         "comm_time_high_s": math.nan,
         "codec_time_s": math.nan,
         "comm_extrapolated": None,
+        "comm_warned": None,
         "comm_model": "no cost model given: memory and bytes only",
         "compute_s": compute_s,
         "exposed_comm_s": math.nan,
@@ -416,11 +424,17 @@ def time_columns(
     comm (a pipeline's bubble)."""
     missing = [m for p in priced for m in p.missing]
     notes = [m for p in priced for m in p.notes]
-    out: dict[str, Any] = {"comm_extrapolated": any(p.extrapolated for p in priced)}
+    out: dict[str, Any] = {
+        "comm_extrapolated": any(p.extrapolated for p in priced),
+        "comm_warned": any(p.warned for p in priced),
+    }
     if missing:
         out["comm_model"] = "; ".join(dict.fromkeys(missing))
         return out
     how = cost.describe() if isinstance(cost, StatedLinks) else _timing_note(cost)
+    sources = [x for p in priced for x in p.sources]
+    if sources:
+        how = f"{sources.count('measured')} of {len(sources)} calls priced from measured points; {how}"
     t = sum(p.time_s for p in priced)
     lo, hi = sum(p.low_s for p in priced), sum(p.high_s for p in priced)
     out.update(

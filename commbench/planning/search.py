@@ -97,6 +97,7 @@ SEARCH_COLUMNS = {
     "comm_time_high_s": "its interval, high, s",
     "comm_model": "what priced the communication (or what the cost model lacks; extrapolation warnings)",
     "comm_extrapolated": "a priced call lies outside the cost model's fitted range",
+    "comm_warned": "the pricing warns (fitted beyond the measured points, extrapolated, a fit missing its points)",
     "compute_s": "compute per step (bubble included), s",
     "bubble_fraction": "pipeline bubble, (pp-1)/(m+pp-1)",
     "exposed_comm_s": "communication not hidden behind compute, s",
