@@ -53,3 +53,26 @@ def test_a_slowed_node_reads_as_its_rate_and_fails_the_gate_by_name(
     assert f"nodes' links differ: {slow_host} (1 × 50 Mb/s tbf (eth0)) below the fastest 0.025 GB/s" in said
     # what the slow link allows passes
     assert main(["check", str(out), "--min-busbw", str(0.3 * 50e6 / 8 / 1e9)]) == 0
+
+
+@pytest.mark.skipif(WHY is not None, reason=f"emulated hosts unavailable: {WHY}")
+@pytest.mark.timeout(300)
+def test_a_slow_rank_names_its_node_in_the_node_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # unshaped links; rank 1 (node 1) ends each collective call 3 ms late (COMMBENCH_INJECT_SLOW: a busy core), so
+    # it arrives last at every barrier: 12 points (3 collectives x 4 sizes), each node holding half the ranks, 12
+    # of 12 is p = 0.5**12 = 2.4e-4 < 1e-3
+    out = tmp_path / "slow"
+    with EmulatedCluster(nodes=2, prefix=PREFIX) as c:
+        slow_host = c.nodes[1].hostname
+        job = launch_job(
+            c, 1, ["run", "--collectives", "all_reduce,all_gather,reduce_scatter", "--precisions", "fp32", "-b", "1K",
+                   "-e", "8K", "-f", "2", "--no-check", "--out", str(out), *FAST],
+            timeout=240, env={"COMMBENCH_INJECT_SLOW": "1:3"},
+        )  # fmt: skip
+    assert job.returncode == 0, [r.stderr[-2000:] for r in job.nodes]
+    assert main(["check", str(out), "--min-busbw", "1e-9"]) == 0
+    said = capsys.readouterr().out
+    assert f"straggler: node {slow_host} is the one the others wait for in 12 of 12 points" in said, said
+    assert "straggler: rank 1 is the one the others wait for in 12 of 12 points" in said
+    row = next(line for line in said.splitlines() if line.startswith(f"#   {slow_host}"))
+    assert row.split()[5] == "12"  # waited for at every point

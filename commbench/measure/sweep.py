@@ -122,6 +122,22 @@ def _fault_hook(rank: int, index: int) -> None:
             time.sleep(3600)
 
 
+def _slow_hook(rank: int, comm: Callable[[], None]) -> Callable[[], None]:
+    """Test hook: ``COMMBENCH_INJECT_SLOW=RANK:MS`` makes ``RANK`` sleep MS milliseconds after each of its collective
+    calls, as a rank on a busy core ends its work late: the others wait for it in the next call and at the next
+    barrier (used by the tests of the straggler and per-node views)."""
+    spec = os.environ.get("COMMBENCH_INJECT_SLOW")
+    if not spec or int(spec.split(":")[0]) != rank:
+        return comm
+    delay = float(spec.split(":")[1]) / 1e3
+
+    def slow() -> None:
+        comm()
+        time.sleep(delay)
+
+    return slow
+
+
 class GroupView:
     """What a point's checks see of its communicator group: rank and size inside the group, its process group;
     synchronisation, barriers and the exchange of results still span the world (every group at once)."""
@@ -266,7 +282,8 @@ class Sweep:
         phases = []
         for _, op in pairs:
             op.encode()
-            phases.append([op.encode, op.comm, op.decode] if op.has_codec else [op.comm])
+            comm = _slow_hook(d.rank, op.comm)
+            phases.append([op.encode, comm, op.decode] if op.has_codec else [comm])
         t = suite.timing
         total_rounds = max(t.max_samples, t.repeats)
         rounds = measure_rounds(
