@@ -104,11 +104,11 @@ def parse_nccl_json(text: str) -> ParsedLog:
         if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
             raise ValueError(f"JSON document {b}: not nccl-tests -J output (no 'results' list)")
         blocks.append(_json_block(b, doc))
-    blocks = [b for b in blocks if b.rows]  # a run that failed before its first size writes an empty list
+    blocks = [blk for blk in blocks if blk.rows]  # a run that failed before its first size writes an empty list
     if not blocks:
         raise ValueError("nccl-tests JSON holds no results")
-    for k, b in enumerate(blocks):
-        b.index = k
+    for k, blk in enumerate(blocks):
+        blk.index = k
     return ParsedLog("json", blocks)
 
 
