@@ -165,7 +165,7 @@ def _node_state(env: dict[str, str]) -> str:
 
 @contextmanager
 def slurm_localhost(
-    directory: Path | None = None, cpus: int | None = None, start_timeout_s: float = 30.0
+    directory: Path | None = None, cpus: int | None = None, start_timeout_s: float = 60.0
 ) -> Iterator[SlurmCluster]:
     """Start munged, slurmctld and slurmd (in the foreground, as our children) and wait until the node is idle;
     stop all three when the block ends, however it ends. Raises :class:`SlurmUnavailable` (one line, the daemons'
