@@ -19,6 +19,13 @@ Each call is also classified by link: "intra" when every rank of its process gro
 That is where its bytes travel as the formulas count them: a collective over a group that spans nodes
 is bound by its inter-node edges.
 
+Point-to-point sends (pipeline parallelism: `torch.distributed.pipelining` posts `dist.P2POp(dist.isend, ...)` in
+`batch_isend_irecv`, or calls `isend` / `send` directly) are counted by the sender as op "send": the tensor's bytes,
+bus factor 1 (nccl-tests' sendrecv), by dtype, and "inter" when the receiver sits on another node. `isend` is
+replaced in `distributed_c10d`'s own namespace as well as in `torch.distributed`, since `send` and
+`batch_isend_irecv` call it there and `P2POp` checks that its op is that very function. Receives count nothing
+(the sender has counted those bytes). Sends are not timed in timed mode (see `_wrap_send`).
+
 Gloo implements `reduce_scatter_tensor` as an all_reduce of the whole input followed by a local
 copy, so on gloo the real wire bytes of a reduce_scatter are 2(n-1)/n * input, not (n-1)/n * input.
 `wire_bytes()` reports that backend-specific figure next to the nominal one.
@@ -59,6 +66,7 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 _EXTRA_BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "broadcast": lambda n: 1.0,  # DDP's buffer re-broadcast, ZeRO-1's parameters; not a benchmarked collective
+    "send": lambda n: 1.0,  # a point-to-point send (pipeline stages): the bytes sent, as nccl-tests' sendrecv
 }
 
 BACKEND_OPS: dict[tuple[str, str], tuple[str, str]] = {
@@ -80,7 +88,9 @@ def bus_factor(op: str, n: int) -> float:
     extra = _EXTRA_BUS_FACTORS.get(op)
     if extra is not None:
         return extra(n)
-    raise ValueError(f"unknown collective {op!r}; valid: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast")
+    raise ValueError(
+        f"unknown collective {op!r}; valid: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send"
+    )
 
 
 def wire_bytes(bus_by_op: dict[str, float], backend: str, n: int) -> tuple[float, list[str]]:
@@ -251,6 +261,7 @@ class CommCounter:
         """Timed mode: seconds of each counted call (groups of two or more ranks), in call order."""
         self._originals: dict[str, Any] = {}
         self._funcol_originals: dict[str, Any] = {}
+        self._p2p_original: Any = None
         self._local = threading.local()
         self._enabled = True
         self._timing: tuple[Callable[[], None], Callable[[], float]] | None = None  # (sync, clock) when timed
@@ -276,6 +287,14 @@ class CommCounter:
                 continue
             self._funcol_originals[name] = orig
             setattr(funcol, name, self._wrap(orig, op, size_fn))
+        # Point-to-point: `isend` in c10d's own namespace too, where `send`, `batch_isend_irecv` and
+        # `send_object_list` find it, and where `P2POp` checks its op is `isend` (the same object as `dist.isend`).
+        from torch.distributed import distributed_c10d as c10d
+
+        self._p2p_original = c10d.isend
+        counted_isend = self._wrap_send(c10d.isend)
+        c10d.isend = counted_isend
+        dist.isend = counted_isend
         CommCounter._installed = self
         return self
 
@@ -290,6 +309,11 @@ class CommCounter:
         for name, orig in self._funcol_originals.items():
             setattr(funcol, name, orig)
         self._funcol_originals.clear()
+        if self._p2p_original is not None:
+            from torch.distributed import distributed_c10d as c10d
+
+            c10d.isend = dist.isend = self._p2p_original
+            self._p2p_original = None
         CommCounter._installed = None
 
     def _wrap(self, orig: Callable[..., Any], op: str, size_fn: _SizeFn) -> Callable[..., Any]:
@@ -322,6 +346,43 @@ class CommCounter:
         counted.__wrapped__ = orig  # type: ignore[attr-defined]
         counted.__name__ = getattr(orig, "__name__", op)
         return counted
+
+    def _wrap_send(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """`isend` counted as op "send" by the sender (the receiver counts nothing): its tensor's bytes, bus factor 1,
+        by dtype and by the link between the two ranks. Not timed: a pipeline posts sends and receives together and
+        waits on them later, so making a send synchronous could wait on a receive its peer has not posted yet."""
+        local = self._local
+
+        def counted(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Any:
+            depth = getattr(local, "depth", 0)
+            if depth == 0 and self._enabled:
+                self._record_send(tensor, dst, group, group_dst)
+            local.depth = depth + 1
+            try:
+                return orig(tensor, dst, group, tag, group_dst=group_dst)
+            finally:
+                local.depth = depth
+
+        counted.__wrapped__ = orig  # type: ignore[attr-defined]
+        counted.__name__ = getattr(orig, "__name__", "isend")
+        return counted
+
+    def _record_send(self, tensor: Any, dst: int | None, group: Any, group_dst: int | None) -> None:
+        import torch.distributed as dist
+
+        peer = dst
+        if peer is None and group_dst is not None:
+            peer = group_dst if group is None else dist.get_global_rank(group, group_dst)
+        key = f"send:{dtype_name(tensor.dtype)}"
+        size = _nbytes(tensor)
+        link = "intra"
+        if self.node_of_rank is not None and peer is not None:
+            link = "inter" if self.node_of_rank[dist.get_rank()] != self.node_of_rank[peer] else "intra"
+        with self._lock:
+            self.calls[key] += 1
+            self.size_bytes[key] += size
+            self.bus_bytes[key] += size
+            self.link_bytes[link][key] += size
 
     def _record(self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Count one call; False when it moves nothing."""

@@ -6,6 +6,9 @@ Kept apart from the registry so that naming and validating a model (a suite's `[
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -101,3 +104,120 @@ class ConvNet(nn.Module):
         x = x.mean(dim=(2, 3))
         # BatchNorm may run as an fp32 unit under FSDP mixed precision: meet the head in its dtype.
         return self.head(x.to(self.head.weight.dtype))
+
+
+class GPTStage(nn.Module):
+    """One pipeline stage of a `GPT`: blocks [start, stop) of it, with the embeddings on the first stage and the final
+    LayerNorm and head on the last (the modules are the model's own: the weights are the unsplit model's).
+
+    A stage that is not the last sends its output cast to `wire_dtype_name` (the dtype crossing the boundary, so its
+    gradient comes back in it too); a stage that is not the first computes from its input cast back to fp32, as the
+    unsplit model's residual stream is (fp32 under CPU autocast as well). `ctx` (set per step) is the autocast
+    context the forward runs in."""
+
+    def __init__(self, model: Any, start: int, stop: int, *, first: bool, last: bool, wire_dtype_name: str) -> None:
+        super().__init__()
+        import contextlib
+
+        self.first, self.last = first, last
+        self.wire_dtype = getattr(torch, wire_dtype_name)
+        self.tok = model.tok if first else None
+        self.pos = model.pos if first else None
+        self.blocks = nn.ModuleList(list(model.blocks)[start:stop])
+        self.ln_f = model.ln_f if last else None
+        self.head = model.head if last else None
+        self.ctx: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.ctx():
+            if self.tok is not None and self.pos is not None:
+                x = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
+            else:
+                x = x.float()
+            for block in self.blocks:
+                x = block(x)
+            if self.ln_f is not None and self.head is not None:
+                return self.head(self.ln_f(x))
+        return x.to(self.wire_dtype)
+
+
+class PipelineRank(nn.Module):
+    """This rank's part of a pipeline: its `GPTStage`, the `PipelineStage` and the schedule running it (built on the
+    first step, when the loss is known) and, under PP x DP, the stage's data-parallel group.
+
+    Data parallelism over the stage's replicas is DDP's arithmetic done after the schedule: one flat fp32 bucket of
+    the stage's gradients, all-reduced (`dist.all_reduce`, where the byte counter sees it) and divided by the group's
+    size, once per step. torch's DDP as the stage module does not survive the schedule's several backward passes
+    per step on this torch (2.13: its bucket rebuild asserts on the second step; with `static_graph` the last
+    stage skips its all-reduce)."""
+
+    def __init__(
+        self,
+        stage: GPTStage,
+        index: int,
+        stages: int,
+        microbatches: int,
+        schedule: str,
+        group: Any,
+        dp_group: Any,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.stage = stage
+        self.index, self.stages, self.microbatches, self.schedule_name = index, stages, microbatches, schedule
+        self.group, self.dp_group, self.device = group, dp_group, device
+        self._schedule: Any = None
+        self._loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self._scale = 1.0
+
+    def _scaled_loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self._loss is None:
+            raise RuntimeError("PipelineRank: the schedule ran outside step()")
+        return self._loss(out, target) * self._scale
+
+    def step(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        scale: float,
+        autocast: Callable[[], Any],
+    ) -> torch.Tensor:
+        """One schedule step over `microbatches` micro-batches of (x, y), then the data-parallel all-reduce; the mean
+        micro-batch loss on the last stage (the full batch's mean loss: the micro-batches are equal), zero
+        elsewhere."""
+        from torch.distributed import pipelining
+
+        if self._schedule is None:
+            stage = pipelining.PipelineStage(self.stage, self.index, self.stages, self.device, group=self.group)
+            cls = getattr(pipelining, self.schedule_name)
+            self._schedule = cls(stage, n_microbatches=self.microbatches, loss_fn=self._scaled_loss)
+        self._loss, self._scale = loss, scale
+        self.stage.ctx = autocast
+        losses: list[torch.Tensor] = []  # the schedule's own: one per micro-batch, on the last stage
+        if self.index == 0:
+            self._schedule.step(x)
+        elif self.index == self.stages - 1:
+            self._schedule.step(target=y, losses=losses)
+        else:
+            self._schedule.step()
+        if self.dp_group is not None:
+            self._all_reduce_grads()
+        if not losses:
+            return torch.zeros((), device=self.device)
+        return torch.stack([loss.detach() for loss in losses]).mean() / scale
+
+    def _all_reduce_grads(self) -> None:
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        flat.div_(dist.get_world_size(self.dp_group))
+        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(reduced)
+
+    def forward(self, *args: Any) -> Any:
+        raise RuntimeError("a pipeline stage runs through its schedule (PipelineRank.step), not forward()")

@@ -346,7 +346,7 @@ class PolicySession:
         self.bn: _BNInspector | None = _BNInspector(self.w.model)
         self.grad_dtype_pairs: set[tuple[torch.dtype, torch.dtype]] = set()
         self.peak_mem, self.peak_kind = math.nan, "none"
-        # per step, local to this rank until finish(): [loss, sum g^2, underflowed, elements, nonfinite]
+        # per step, local to this rank until finish(): [loss, sum g^2, underflowed, elements, nonfinite, has loss]
         self._local: list[torch.Tensor] = []
         self._times: list[float] = []
         self._meta: list[
@@ -359,7 +359,7 @@ class PolicySession:
     def _tokens(self) -> int:
         """Tokens of one micro-batch of this rank's model (its data ranks' batches together)."""
         ranks = self.policy.sharding.data_ranks(self.rank, self.n)
-        return len(ranks) * int(self.section.batch_size) * tokens_per_sample(self.section)
+        return self.policy.sharding.layout_tokens(len(ranks) * int(self.section.batch_size) * tokens_per_sample(self.section))
 
     def batch(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step `s`'s (inputs, targets): the batches of the sharding's data ranks for this rank, concatenated."""
@@ -387,6 +387,11 @@ class PolicySession:
         `agree_forward` (a phase name): the forward is agreed across ranks before the backward starts its
         gradient collectives (an agreement point inside the step: untimed steps only)."""
         w = self.w
+        # A pipeline runs forward and backward of every micro-batch in its schedule: no separate forward to agree on.
+        stepped = self.policy.sharding.pipeline_step(w.model, x, y, loss=loss_fn, scale=self.mult, autocast=self._autocast)
+        if stepped is not None:
+            w.optimizer.step()
+            return stepped.detach()
 
         def forward() -> torch.Tensor:
             with self._autocast():
@@ -466,6 +471,27 @@ class PolicySession:
             dist.all_gather_object(gathered, self._durations)
         return gathered
 
+    def _rank_mean_comm(self) -> list[tuple[dict[str, float], dict[str, dict[str, float]]]]:
+        """Each step's counted bytes (by op, by link), the mean over ranks where the ranks differ (a pipeline's first
+        and last stages send in one direction only), else this rank's own: one uncounted collective."""
+        mine = [(comm, links) for _, _, comm, links in self._meta]
+        if self.n == 1:
+            return mine
+        gathered: list[Any] = [None] * self.n
+        with self.counter.paused():
+            dist.all_gather_object(gathered, mine)
+        if all(g == mine for g in gathered):
+            return mine
+
+        def mean(parts: list[dict[str, float]]) -> dict[str, float]:
+            return {k: sum(p.get(k, 0.0) for p in parts) / len(parts) for k in sorted({k for p in parts for k in p})}
+
+        return [
+            (mean([g[i][0] for g in gathered]),
+             {link: mean([g[i][1].get(link, {}) for g in gathered]) for link in mine[i][1]})
+            for i in range(len(mine))
+        ]  # fmt: skip
+
     def _comm_time(
         self, gathered: list[Any] | None, notes: list[str], measured: dict[str, float]
     ) -> stats.Estimate | None:
@@ -496,13 +522,14 @@ class PolicySession:
             with_grad = [p for p in self.w.model.parameters() if p.grad is not None]
             replicated = [sharding.replicated_grad(p) for p in with_grad]
             counted = [sharding.counts_grad(p, i) for i, p in enumerate(with_grad)]  # held alike by some ranks
-            load = [0] * self.n
+            # split among the ranks that hold the same replicas (the world; a pipeline stage's data-parallel group)
+            load = dict.fromkeys(sharding.replica_ranks(self.rank, self.n), 0)
             owner = [self.rank] * len(grads)  # a shard is this rank's own
             for i in sorted(range(len(grads)), key=lambda i: -grads[i].numel()):
                 if counted[i] is not None:
                     owner[i] = self.rank if counted[i] else -1
                 elif replicated[i]:
-                    r = load.index(min(load))
+                    r = min(load, key=load.__getitem__)  # the first least-loaded rank
                     owner[i] = r
                     load[r] += grads[i].numel()
             self._share = [i for i, r in enumerate(owner) if r == self.rank]
@@ -531,13 +558,16 @@ class PolicySession:
                     # |g * scale| <= thr, with the threshold scaled once instead of every element
                     under += torch.count_nonzero(torch.abs(g).le_(thr / scale))
             count = float(sum(g.numel() for g in grads))
+            # a pipeline's loss lives on its last stage: the reported loss is the mean over the ranks that have one
+            has_loss = 1.0 if self.policy.sharding.reports_loss(self.rank, self.n) else 0.0
             return torch.stack(
-                [loss.double().reshape(()).to(dev), sumsq, under, torch.tensor(count, dtype=torch.float64, device=dev),
-                 nonfin]
+                [loss.double().reshape(()).to(dev) * has_loss, sumsq, under,
+                 torch.tensor(count, dtype=torch.float64, device=dev), nonfin,
+                 torch.tensor(has_loss, dtype=torch.float64, device=dev)]
             )  # fmt: skip
 
     def finish(self) -> PolicyRun:
-        """Reduce what the steps measured across ranks (three collectives, uncounted) and describe the run.
+        """Reduce what the steps measured across ranks (four collectives, uncounted) and describe the run.
 
         The collectives come first, so a rank that fails describing the run reaches the next agreement point
         after the same collectives as its peers."""
@@ -548,21 +578,23 @@ class PolicySession:
             dtype=torch.float64,
             device=dev,
         )
-        stats = torch.stack(self._local) if self._local else torch.zeros((0, 5), dtype=torch.float64, device=dev)
+        stats = torch.stack(self._local) if self._local else torch.zeros((0, 6), dtype=torch.float64, device=dev)
         with self.counter.paused():
             dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
             dist.all_reduce(stats)
         durations = self._gather_durations()
+        comms = self._rank_mean_comm()
         times_l, stats_l = times.tolist(), stats.tolist()
         if math.isfinite(self.peak_mem):
             self.peak_mem = times_l[-1]
         records: list[StepRecord] = []
-        for i, (s, skipped, comm, links) in enumerate(self._meta):
+        for i, (s, skipped, _, _) in enumerate(self._meta):
+            comm, links = comms[i]
             loss_v = gn = under = math.nan
             nonfinite = False
             if i < len(stats_l):
-                loss_sum, sumsq, und, count, nonfin = stats_l[i]
-                loss_v, gn = loss_sum / n, math.sqrt(sumsq)
+                loss_sum, sumsq, und, count, nonfin, losses = stats_l[i]
+                loss_v, gn = loss_sum / losses if losses else math.nan, math.sqrt(sumsq)
                 under = und / count if count else math.nan
                 nonfinite = nonfin > 0 or not math.isfinite(loss_v) or not math.isfinite(gn)
             records.append(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -566,6 +566,36 @@ class Sharding(ABC):
     def counts_grad(self, param: Any, index: int) -> bool | None:
         """Whether this rank counts `param` (the `index`-th parameter with a gradient) in the gradient statistics,
         for gradients held alike by some ranks but not all (2-D layouts); None: decided by `replicated_grad`."""
+        return None
+
+    def replica_ranks(self, rank: int, world_size: int) -> tuple[int, ...]:
+        """The ranks holding the same replicated gradients as `rank` (the grad-norm statistics split those tensors
+        between them): the whole world, or a pipeline stage's data-parallel group."""
+        return tuple(range(world_size))
+
+    def reports_loss(self, rank: int, world_size: int) -> bool:
+        """`rank` computes the step's loss (every rank, or a pipeline's last stage only): the reported loss is the
+        mean over the ranks that do."""
+        return True
+
+    def layout_tokens(self, step_tokens: int) -> int:
+        """`Layout.tokens` (one micro-batch's) from the tokens this rank's model computes per step: all of them,
+        or a pipeline's step split into micro-batches."""
+        return step_tokens
+
+    def pipeline_step(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        scale: float,
+        autocast: Callable[[], Any],
+    ) -> torch.Tensor | None:
+        """Run a step that is not the runner's forward/backward (a pipeline schedule: forward and backward of every
+        micro-batch, the loss multiplied by `scale` before backward) and return its detached loss; None (the
+        default): the runner's own forward, backward and loss scaler."""
         return None
 
     def comm_dtype(self, grad_comm: GradComm) -> str:

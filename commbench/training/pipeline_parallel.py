@@ -1,0 +1,317 @@
+"""Pipeline parallelism (GPipe, 1F1B) on the GPT with `torch.distributed.pipelining`, as a `Sharding` and its
+policies; PP x DP (DDP over the data-parallel ranks of each stage) when the pipeline is shorter than the world.
+
+Layout: a (dp, pp) mesh laid out row-major, so pipeline d is the consecutive ranks d*pp .. d*pp+pp-1 (stage p on
+rank d*pp+p) and the data-parallel group of stage p is the ranks p, pp+p, 2pp+p, ... The GPT is split by hand
+(`nets.GPTStage`): stage 0 holds the embeddings and the first n_layers/pp blocks, the last stage the last blocks, the
+final LayerNorm and the head. Each rank builds one `PipelineStage` and runs a `ScheduleGPipe` or `Schedule1F1B` of
+`microbatches` micro-batches; with dp > 1 the stage's gradients are then all-reduced over its data-parallel group
+once per step, DDP's arithmetic in one flat fp32 bucket (`nets.PipelineRank` says why not torch's DDP itself).
+
+Bytes (Narayanan et al. 2021, section 2.2 / 3.3): per stage boundary per micro-batch of b samples of s tokens, the
+forward sends the b*s*h activation to the next stage and the backward sends its b*s*h gradient back, in the
+dtype that crosses the boundary (`act_dtype_name`: the bf16 policies cast the stage output to bf16 before sending,
+so both directions travel in bf16; the receiving stage computes in fp32 or under autocast as the unsplit model
+does). Only sends are counted (op "send", bus factor 1 as nccl-tests' sendrecv): what a rank puts on the wire.
+A pipeline of pp stages has pp - 1 boundaries, so over a step its ranks send 2 (pp - 1) M b s h elements
+(M micro-batches); stage 0 and the last stage send M b s h, the middle ones 2 M b s h. `comm_bytes` is the
+figure per rank averaged over the world (the world's total over its size): 2 (pp - 1) / pp * M * b*s*h * bytes.
+With dp > 1 each stage all-reduces its fp32 gradients over dp ranks once per step: on average over the ranks
+2 (dp - 1) / dp * 4 * Psi / pp bytes (every stage's Psi_p summed over the stages is Psi).
+
+What the formula needs beyond Psi: `Layout.tokens` = b*s, the tokens of ONE micro-batch as a pipeline computes
+it, and `Layout.activations` = ((BOUNDARY, h),), the features of the activation that crosses a boundary
+(`PipelineParallel.layout(tokens=b*s, hidden=h)` builds it). A planner asks
+`PipelineParallel(pp=8, microbatches=16, act_dtype_name=BF16).comm_bytes(psi=..., world_size=64,
+layout=PipelineParallel.layout(tokens=b * s, hidden=h))`.
+
+Data: the ranks of a pipeline compute one batch together, so each of them trains on the batches of every rank of
+its pipeline, concatenated (`data_ranks`), split into `microbatches` equal micro-batches: the pipeline sees the
+global tokens the data-parallel ranks it replaces see, and its loss (the mean of the micro-batches' mean losses) and
+gradients (summed over micro-batches, divided by M: `scale_grads`) are those of the fp32 DDP baseline's global
+batch. The loss exists on the last stage only; the runner averages it over the ranks that report one
+(`reports_loss`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from commbench.training.comm import bus_factor, dtype_name
+from commbench.training.policies import Policy, register_policy
+from commbench.training.strategies import (
+    ADAM_FP32,
+    BF16,
+    DTYPE_UNDERFLOW,
+    FP32,
+    INTER,
+    INTRA,
+    SHORT,
+    GradComm,
+    Layout,
+    ModelState,
+    Sharding,
+    Underflow,
+    World,
+    blocks,
+)
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+BOUNDARY = "boundary"
+"""`Layout.activations` label of the activation that crosses a stage boundary."""
+
+GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
+SCHEDULES: dict[str, str] = {GPIPE: "ScheduleGPipe", ONE_F_ONE_B: "Schedule1F1B"}
+"""Schedule name -> the `torch.distributed.pipelining` class that runs it."""
+
+
+def _add(out: dict[str, float], key: str, v: float) -> None:
+    if v:
+        out[key] = out.get(key, 0.0) + v
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineParallel(Sharding):
+    """Pipeline parallelism over `pp` stages (0: the whole world), PP x DP when `pp` divides a larger world.
+
+    `act_dtype_name`: the dtype the activations and their gradients cross stage boundaries in; `microbatches`: M;
+    `schedule`: "gpipe" or "1f1b". The byte formula (module docstring) needs `Layout.tokens` = b*s of one
+    micro-batch and `Layout.activations` = ((BOUNDARY, h),): see `layout`."""
+
+    kind: str = "pp"
+    parallelism: str = "pp"
+    shards_grads: bool = True
+    takes_hooks: bool = False
+    pp: int = 0
+    """Stages per pipeline; 0: the whole world (no data parallelism)."""
+    microbatches: int = 4
+    """Micro-batches per step (M)."""
+    schedule: str = GPIPE
+    """"gpipe" (all forwards, then all backwards) or "1f1b" (one forward, one backward in the steady state)."""
+    act_dtype_name: str = FP32
+    """torch's name of the dtype crossing the stage boundaries (both directions)."""
+    n_layers: int = 0
+    """The suite model's blocks (from `configure`; 0: not known, not checked by `layout_error`)."""
+    batch: int = 0
+    """Samples per rank per step, the suite's batch_size (from `configure`; 0: not known)."""
+
+    @staticmethod
+    def layout(*, tokens: int, hidden: int) -> Layout:
+        """What the byte formula needs: `tokens` of one micro-batch (b*s) and the boundary's features `hidden` (h)."""
+        return Layout(activations=((BOUNDARY, int(hidden)),), tokens=int(tokens))
+
+    def degree(self, world_size: int) -> int:
+        """Stages per pipeline (ValueError, one line, when the world cannot form the layout)."""
+        pp = self.pp or world_size
+        if pp < 2:
+            raise ValueError(f"pipeline parallelism needs at least 2 stages; world_size={world_size}, pp_degree={self.pp}")
+        if world_size % pp:
+            raise ValueError(
+                f"pipeline parallelism: pp_degree={pp} does not divide world_size={world_size}; "
+                f"valid: a divisor of {world_size} (>= 2), or 0 for the whole world"
+            )
+        return pp
+
+    def stage_of(self, rank: int, world_size: int) -> tuple[int, int]:
+        """(pipeline index d, stage p) of `rank` on the (dp, pp) mesh."""
+        pp = self.degree(world_size)
+        return rank // pp, rank % pp
+
+    def configure(self, section: Any) -> PipelineParallel:
+        """pp_degree and microbatches from the suite's `[training]` table; "pp+dp" when, in the running world, the
+        pipeline is shorter than the world."""
+        pp, m = int(getattr(section, "pp_degree", 0)), int(getattr(section, "microbatches", self.microbatches))
+        par = "pp"
+        import torch.distributed as dist  # configure runs inside a policy run: the world is initialised
+
+        if pp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > pp:
+            par = "pp+dp"
+        layers = int(getattr(section, "n_layers", 0)) if getattr(section, "model", "gpt") == "gpt" else -1
+        return replace(
+            self, pp=pp, microbatches=m, parallelism=par, n_layers=layers, batch=int(getattr(section, "batch_size", 0))
+        )
+
+    def layout_error(self, world_size: int, nodes: int = 1) -> str | None:
+        """Why this world cannot form the pipeline (one line), or None: a degree that does not divide the world,
+        a model other than the gpt, layers that do not split evenly, a batch that does not split into the
+        micro-batches."""
+        try:
+            pp = self.degree(world_size)
+        except ValueError as exc:
+            return str(exc)
+        if self.n_layers < 0:
+            return "pipeline parallelism needs the gpt model (its blocks are split into stages)"
+        if self.n_layers % pp:
+            return f"pipeline parallelism over {pp} stages needs n_layers divisible by {pp}; n_layers={self.n_layers}"
+        if self.batch and (self.batch * pp) % self.microbatches:
+            return (
+                f"pipeline parallelism: the pipeline's batch of {self.batch * pp} samples (batch_size x pp) does not "
+                f"split into microbatches={self.microbatches}; valid: a divisor of {self.batch * pp}"
+            )
+        return None
+
+    def data_ranks(self, rank: int, world_size: int) -> tuple[int, ...]:
+        pp = self.degree(world_size)
+        first = rank // pp * pp
+        return tuple(range(first, first + pp))
+
+    def replica_ranks(self, rank: int, world_size: int) -> tuple[int, ...]:
+        """The data-parallel group of `rank`'s stage: the ranks holding the same (all-reduced) gradients."""
+        pp = self.degree(world_size)
+        return tuple(range(rank % pp, world_size, pp))
+
+    def replicated_grad(self, param: Any) -> bool:
+        # Replicated over the stage's data-parallel group (`replica_ranks`; a group of one rank without DP).
+        return True
+
+    def reports_loss(self, rank: int, world_size: int) -> bool:
+        """Only the last stage computes the loss."""
+        return self.stage_of(rank, world_size)[1] == self.degree(world_size) - 1
+
+    def layout_tokens(self, step_tokens: int) -> int:
+        """`Layout.tokens` is one micro-batch's: the step's tokens over M."""
+        return step_tokens // self.microbatches
+
+    def describe_activations(self, model: nn.Module) -> tuple[tuple[str, int], ...]:
+        """The boundary activation's features: the GPT's hidden size (its blocks' LayerNorm width)."""
+        bs = blocks(model)
+        ln1: Any = getattr(bs[0], "ln1", None) if bs else None
+        return ((BOUNDARY, int(ln1.normalized_shape[0])),) if ln1 is not None else ()
+
+    def comm_dtype(self, grad_comm: GradComm) -> str:
+        return SHORT[self.act_dtype_name]
+
+    def comm_underflow(self, grad_comm: GradComm) -> Underflow:
+        # The activation gradients cross the boundaries in act_dtype; DDP's parameter gradients stay fp32.
+        return DTYPE_UNDERFLOW[self.act_dtype_name]
+
+    # --- formulas -----------------------------------------------------------------------------------
+
+    def _boundary_elems(self, layout: Layout) -> int:
+        """b*s*h of one micro-batch at one boundary (0 without a layout: nothing can be said)."""
+        h = sum(f for label, f in layout.activations if label == BOUNDARY)
+        return layout.tokens * h
+
+    def send_bytes_of_rank(self, rank: int, w: World) -> dict[str, dict[str, float]]:
+        """Bytes `rank` sends per step, by link then "op:dtype": its P2P sends (forward to the next stage, backward
+        to the previous one, M each) and its stage's DDP all-reduce (bus bytes, Psi/pp of the model: the
+        stages' own Psi_p are not in a Psi-only description). Links: a send is INTER when its two ranks sit on
+        different nodes, an all-reduce when its group spans nodes (ranks numbered node-major, as the runner checks
+        for a node mesh; `nodes` equal nodes of world_size/nodes ranks)."""
+        from commbench.measure.precision import torch_dtype
+
+        n = w.world_size
+        pp = self.degree(n)
+        dp = n // pp
+        per_node = max(n // max(w.nodes, 1), 1)
+        out: dict[str, dict[str, float]] = {INTRA: {}, INTER: {}}
+        _, p = self.stage_of(rank, n)
+        send = self.microbatches * self._boundary_elems(w.layout) * torch_dtype(self.act_dtype_name).itemsize
+        key = f"send:{dtype_name(self.act_dtype_name)}"
+        for peer in (rank + 1 if p < pp - 1 else None, rank - 1 if p > 0 else None):
+            if peer is not None:
+                _add(out[INTER if rank // per_node != peer // per_node else INTRA], key, send)
+        if dp > 1:
+            group = self.replica_ranks(rank, n)
+            link = INTER if len({r // per_node for r in group}) > 1 else INTRA
+            _add(out[link], "all_reduce:float", bus_factor("all_reduce", dp) * 4 * w.psi / pp)
+        return out
+
+    def _comm_by_link(self, w: World) -> dict[str, dict[str, float]]:
+        """The world's bytes per step over its size, by link (module docstring)."""
+        n = w.world_size
+        total: dict[str, dict[str, float]] = {INTRA: {}, INTER: {}}
+        for r in range(n):
+            for link, part in self.send_bytes_of_rank(r, w).items():
+                for k, v in part.items():
+                    _add(total[link], k, v)
+        return {link: {k: v / n for k, v in part.items()} for link, part in total.items()}
+
+    def _comm_bytes(self, w: World) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for part in self._comm_by_link(w).values():
+            for k, v in part.items():
+                _add(out, k, v)
+        return out
+
+    def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
+        """Psi/pp of the ZeRO figure (each rank keeps its stage's parameters, gradients and AdamW moments): exact
+        for balanced stages, the embeddings and head make the first and last stages heavier. Activations of the
+        micro-batches in flight (GPipe: M, 1F1B: at most pp) are not model state."""
+        return (state.param_bytes + state.grad_bytes + state.optimizer_bytes) * psi / self.degree(world_size)
+
+    # --- running ------------------------------------------------------------------------------------
+
+    def check_layout(self, model: nn.Module, world_size: int) -> None:
+        """ValueError (one line) when `model` cannot be split into this pipeline on `world_size` ranks."""
+        pp = self.degree(world_size)
+        bs = blocks(model)
+        if not bs or not all(hasattr(model, a) for a in ("tok", "pos", "ln_f", "head")):
+            raise ValueError(f"pipeline parallelism needs the gpt model (embeddings, blocks, ln_f, head); got {type(model).__name__}")
+        if len(bs) % pp:
+            raise ValueError(f"pipeline parallelism over {pp} stages needs n_layers divisible by {pp}; n_layers={len(bs)}")
+
+    def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
+        import torch.distributed as dist
+
+        from commbench.training.nets import GPTStage, PipelineRank
+
+        n = world.world_size
+        pp = self.degree(n)
+        self.check_layout(model, n)
+        rank = dist.get_rank()
+        _, p = self.stage_of(rank, n)
+        per = len(blocks(model)) // pp
+        stage = GPTStage(model, p * per, (p + 1) * per, first=p == 0, last=p == pp - 1,
+                         wire_dtype_name=self.act_dtype_name).to(device)  # fmt: skip
+        # Every rank creates every group (new_group is collective), then keeps its own.
+        pipe_groups = [dist.new_group(list(range(d * pp, d * pp + pp))) for d in range(n // pp)]
+        dp_groups = [dist.new_group(list(range(q, n, pp))) for q in range(pp)] if n > pp else []
+        return PipelineRank(stage, p, pp, self.microbatches, SCHEDULES[self.schedule], pipe_groups[rank // pp],
+                            dp_groups[p] if dp_groups else None, device)  # fmt: skip
+
+    def pipeline_step(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        scale: float,
+        autocast: Callable[[], Any],
+    ) -> torch.Tensor | None:
+        """One schedule step (forward and backward of every micro-batch); returns the mean of the micro-batches'
+        losses on the last stage, a zero elsewhere (`reports_loss` says which)."""
+        batch = int(x.shape[0])
+        if batch % self.microbatches:  # checked on every rank before any send: all of them skip the policy
+            raise ValueError(
+                f"pipeline parallelism: the pipeline's batch of {batch} samples (batch_size x pp) does not split into "
+                f"microbatches={self.microbatches}; valid: a divisor of {batch}"
+            )
+        return model.step(x, y, loss=loss, scale=scale, autocast=autocast)  # type: ignore[operator, no-any-return]
+
+
+def _pp(name: str, schedule: str, act: str, description: str) -> Policy:
+    return Policy(
+        name=name,
+        family="pp",
+        description=description,
+        sharding=PipelineParallel(schedule=schedule, act_dtype_name=act),
+        autocast_name=None if act == FP32 else act,
+        reference=None if act == FP32 else name.replace(SHORT[act], "fp32"),
+    )
+
+
+_POLICIES = (
+    _pp("pp_gpipe_fp32", GPIPE, FP32, "pipeline parallel (GPipe; pp_degree stages, data parallel over the rest), fp32; activations sent fp32"),
+    _pp("pp_gpipe_bf16", GPIPE, BF16, "pipeline parallel (GPipe), autocast bf16; activations and their gradients sent bf16"),
+    _pp("pp_1f1b_fp32", ONE_F_ONE_B, FP32, "pipeline parallel (1F1B; pp_degree stages, data parallel over the rest), fp32; activations sent fp32"),
+    _pp("pp_1f1b_bf16", ONE_F_ONE_B, BF16, "pipeline parallel (1F1B), autocast bf16; activations and their gradients sent bf16"),
+)  # fmt: skip
+for _p in _POLICIES:
+    register_policy(_p)

@@ -1,0 +1,140 @@
+"""Pipeline parallelism on a spawned gloo world (training/pipeline_parallel.py): every rank's counted P2P sends and
+all-reduces against Megatron-LM's figure written out here (b*s*h forward and b*s*h backward per stage boundary per
+micro-batch, in the dtype crossing it; DDP's 2(n-1)/n over each stage's data-parallel group), the runner's
+per-rank mean against the strategy's formula, and the step-0 loss and gradient norm against the unsplit model's on
+the same weights and the same global batch. One world per size runs every PP policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.distutil import run_in_world
+
+SECTION = dict(
+    model="gpt", batch_size=2, seq_len=8, d_model=32, n_layers=4, n_heads=4, vocab=64,
+    steps=1, warmup_steps=1, measure_memory=False, comm_timed_steps=0, microbatches=4,
+)  # fmt: skip
+POLICIES = ("pp_gpipe_fp32", "pp_gpipe_bf16", "pp_1f1b_fp32", "pp_1f1b_bf16")
+BYTES = {"pp_gpipe_fp32": ("float", 4), "pp_1f1b_fp32": ("float", 4),
+         "pp_gpipe_bf16": ("bfloat16", 2), "pp_1f1b_bf16": ("bfloat16", 2)}  # fmt: skip
+
+
+def _stage_params(model: Any, p: int, pp: int) -> int:
+    """Parameters of stage p: its n_layers/pp blocks, the embeddings on the first, ln_f and head on the last."""
+    per = len(model.blocks) // pp
+    mods = list(model.blocks)[p * per : (p + 1) * per]
+    mods += [model.tok, model.pos] if p == 0 else []
+    mods += [model.ln_f, model.head] if p == pp - 1 else []
+    return sum(q.numel() for m in mods for q in m.parameters())
+
+
+def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -> dict[str, Any]:
+    import torch
+
+    from commbench.core import plugins
+    from commbench.training.config import TrainingConfig
+    from commbench.training.models import build_model, loss_fn, make_batch
+    from commbench.training.policies import get_policy
+    from commbench.training.runner import PolicyFailed, PolicySession, run_policy
+
+    plugins.load()
+    out: dict[str, Any] = {}
+    for pp_degree, names in layouts:
+        sec = TrainingConfig.coerce({**SECTION, "pp_degree": pp_degree})
+        for name in names:
+            sess = PolicySession(get_policy(name).configure(sec), sec, torch.device("cpu"))
+            with sess.counter:
+                sess.instrumented_step(0)  # the first schedule step also exchanges the stages' shapes
+                sess.instrumented_step(1)
+                calls, counted = dict(sess.counter.calls), sess.counter.snapshot()
+                run = sess.finish()
+            out[f"{pp_degree}/{name}"] = dict(
+                calls=calls, counted=counted, expected=run.comm_expected, mean=run.steps[1].comm,
+                loss=run.steps[0].loss, grad_norm=run.steps[0].grad_norm, parallelism=sess.policy.sharding.parallelism,
+            )  # fmt: skip
+    # The unsplit model, same seed (same weights), on the batches of every rank together.
+    sec = TrainingConfig.coerce(SECTION)
+    model = build_model(sec)
+    xs, ys = zip(*(make_batch(sec, r, 0, torch.device("cpu")) for r in range(n)), strict=True)
+    loss = loss_fn(model(torch.cat(xs)), torch.cat(ys))
+    loss.backward()
+    out["ref_loss"] = float(loss)
+    out["ref_grad_norm"] = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
+    out["stage_params"] = {pp: [_stage_params(model, p, pp) for p in range(pp)] for pp in (2, 4) if pp <= n}
+    # layouts this world cannot form: every rank skips the policy with one line
+    out["skips"] = []
+    for bad in ({"pp_degree": 3}, {"n_layers": 2, "pp_degree": 0} if n == 4 else {"n_layers": 3}):
+        try:
+            run_policy(get_policy("pp_gpipe_fp32"), TrainingConfig.coerce({**SECTION, **bad}), torch.device("cpu"))
+        except PolicyFailed as exc:
+            out["skips"].append(str(exc))
+    return out
+
+
+def _expected(rank: int, n: int, pp: int, name: str, stage_params: list[int]) -> dict[str, float]:
+    """What `rank` sends in one step: M micro-batches of b*s*h per boundary it borders (forward to the next stage,
+    backward to the previous), and with dp > 1 its stage's fp32 gradients all-reduced over dp ranks."""
+    dtype, size = BYTES[name]
+    m = SECTION["microbatches"]
+    micro_tokens = SECTION["batch_size"] * pp // m * SECTION["seq_len"]  # the pipeline's batch: pp ranks' batches
+    p = rank % pp
+    borders = (p > 0) + (p < pp - 1)
+    out = {f"send:{dtype}": float(borders * m * micro_tokens * SECTION["d_model"] * size)}
+    dp = n // pp
+    if dp > 1:
+        out["all_reduce:float"] = 2 * (dp - 1) / dp * 4 * stage_params[p]
+    return out
+
+
+def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -> None:
+    for pp_degree, names in layouts:
+        pp = pp_degree or n
+        for name in names:
+            key = f"{pp_degree}/{name}"
+            per_rank = [_expected(r, n, pp, name, results[0]["stage_params"][pp]) for r in range(n)]
+            mean: dict[str, float] = {}
+            for e in per_rank:
+                for k, v in e.items():
+                    mean[k] = mean.get(k, 0.0) + v / n
+            for r, res in enumerate(results):
+                got = res[key]
+                assert got["counted"] == per_rank[r], (key, r)
+                sends = (r % pp > 0) + (r % pp < pp - 1)
+                assert got["calls"][f"send:{BYTES[name][0]}"] == sends * SECTION["microbatches"]
+                assert got["mean"] == pytest.approx(mean, rel=1e-15, abs=0)  # the runner's mean over ranks
+                assert got["expected"] == pytest.approx(mean, rel=1e-15, abs=0)  # the strategy's formula
+                assert got["parallelism"] == ("pp+dp" if pp < n else "pp")
+                # the pipeline computes the unsplit model's loss and gradients on the same global batch
+                tol = 1e-5 if name.endswith("fp32") else 2e-2
+                assert got["loss"] == pytest.approx(res["ref_loss"], rel=tol), key
+                assert got["grad_norm"] == pytest.approx(res["ref_grad_norm"], rel=1e-4 if tol < 1e-3 else 5e-2), key
+    for res in results:
+        assert len(res["skips"]) == 2
+        assert all("\n" not in s for s in res["skips"])
+        assert f"pp_degree=3 does not divide world_size={n}" in res["skips"][0]
+        assert "needs n_layers divisible by" in res["skips"][1]
+
+
+@pytest.mark.timeout(300)
+def test_pp_two_ranks() -> None:
+    layouts = ((0, POLICIES),)
+    _check_world(run_in_world(_rank, nproc=2, timeout=280, layouts=layouts), 2, layouts)
+
+
+@pytest.mark.timeout(420)
+def test_pp_four_ranks_and_pp_times_dp() -> None:
+    layouts = ((0, POLICIES), (2, ("pp_gpipe_fp32", "pp_1f1b_bf16")))
+    _check_world(run_in_world(_rank, nproc=4, timeout=400, layouts=layouts), 4, layouts)
+
+
+def test_pp_policies_listed() -> None:
+    from commbench.core import plugins
+    from commbench.training.policies import get_policy, list_policies
+
+    plugins.load()
+    assert set(POLICIES) <= set(list_policies())
+    bf16 = get_policy("pp_1f1b_bf16")
+    assert bf16.autocast_name == "bfloat16" and bf16.reference == "pp_1f1b_fp32"
+    assert bf16.comm_dtype == "bf16"

@@ -1,0 +1,98 @@
+"""Pipeline parallelism's byte and memory formulas (training/pipeline_parallel.py) against Megatron-LM's figure
+written out here (Narayanan et al. 2021: b*s*h elements forward and b*s*h backward per stage boundary per
+micro-batch; every rank's sends counted, bus factor 1), and DDP's ring all-reduce 2(n-1)/n over each stage's
+data-parallel group. No torch.distributed world: the formulas are pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from commbench.core import plugins
+
+plugins.load(kind="policy")  # the registry in its own order first: importing a policy module alone would reorder it
+from commbench.training.pipeline_parallel import BOUNDARY, PipelineParallel  # noqa: E402
+from commbench.training.strategies import BF16, INTER, INTRA, Layout  # noqa: E402
+
+M, TOKENS, H = 4, 2 * 16, 32  # micro-batches, b*s of one micro-batch, hidden size
+LAYOUT = PipelineParallel.layout(tokens=TOKENS, hidden=H)
+
+
+def test_layout_carries_tokens_and_hidden() -> None:
+    assert LAYOUT == Layout(activations=((BOUNDARY, H),), tokens=TOKENS)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_pipeline_over_the_whole_world(n: int) -> None:
+    # pp = n stages: n-1 boundaries, each carrying M*b*s*h forward and M*b*s*h backward; over n ranks.
+    total = 2 * (n - 1) * M * TOKENS * H
+    pp = PipelineParallel(microbatches=M)
+    assert pp.comm_bytes(psi=1e6, world_size=n, layout=LAYOUT) == {"send:float": total * 4 / n}
+    half = PipelineParallel(microbatches=M, act_dtype_name=BF16)
+    assert half.comm_bytes(psi=1e6, world_size=n, layout=LAYOUT) == {"send:bfloat16": total * 2 / n}
+
+
+def test_each_rank_sends_its_boundaries() -> None:
+    from commbench.training.strategies import World
+
+    pp = PipelineParallel(microbatches=M)
+    w = World(0.0, 4, layout=LAYOUT)
+    one = M * TOKENS * H * 4
+    per_rank = [sum(pp.send_bytes_of_rank(r, w)[INTRA].values()) for r in range(4)]
+    assert per_rank == [one, 2 * one, 2 * one, one]  # first and last stage one direction, middle both
+
+
+def test_pipeline_times_data_parallel() -> None:
+    # 4 ranks, pp=2, dp=2: every rank sends M*b*s*h once (one boundary per pipeline), and its stage's DDP
+    # all-reduces the stage's fp32 gradients over 2 ranks: 2(2-1)/2 * 4 bytes * Psi/2 on average.
+    psi = 10_000
+    pp = PipelineParallel(pp=2, microbatches=M)
+    got = pp.comm_bytes(psi=psi, world_size=4, layout=LAYOUT)
+    assert got == {"send:float": M * TOKENS * H * 4, "all_reduce:float": 1.0 * 4 * psi / 2}
+    # on two nodes (ranks 0-1, 2-3): pipelines stay inside a node, the DP groups {0, 2}, {1, 3} cross
+    split = pp.comm_by_link(psi=psi, world_size=4, layout=LAYOUT, nodes=2)
+    assert split[INTRA] == {"send:float": M * TOKENS * H * 4}
+    assert split[INTER] == {"all_reduce:float": 4 * psi / 2}
+
+
+def test_boundary_across_nodes() -> None:
+    # pp=4 on two nodes: the boundary 1|2 crosses; ranks 1 and 2 each send one direction over it.
+    one = M * TOKENS * H * 4
+    split = PipelineParallel(microbatches=M).comm_by_link(psi=0.0, world_size=4, layout=LAYOUT, nodes=2)
+    assert split[INTER] == {"send:float": 2 * one / 4}
+    assert split[INTRA] == {"send:float": 4 * one / 4}
+
+
+def test_without_layout_nothing_is_claimed() -> None:
+    assert PipelineParallel().comm_bytes(psi=1e9, world_size=4) == {}
+
+
+def test_state_bytes_split_over_stages() -> None:
+    assert PipelineParallel(pp=2).state_bytes(psi=1000, world_size=8) == 16 * 1000 / 2
+
+
+@pytest.mark.parametrize(
+    ("pp", "n", "match"),
+    [(2, 3, "pp_degree=2 does not divide world_size=3"), (0, 1, "needs at least 2 stages")],
+)
+def test_layouts_that_cannot_form(pp: int, n: int, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PipelineParallel(pp=pp).degree(n)
+
+
+def test_layout_error_names_the_problem() -> None:
+    from types import SimpleNamespace
+
+    from commbench.training.pipeline_parallel import PipelineParallel as PP
+
+    def section(**kw: object) -> SimpleNamespace:
+        base: dict[str, object] = dict(model="gpt", n_layers=4, batch_size=2, pp_degree=0, microbatches=4)
+        return SimpleNamespace(**{**base, **kw})
+
+    assert PP().configure(section()).layout_error(4) is None
+    assert PP().configure(section(pp_degree=2)).layout_error(4) is None  # PP x DP
+    assert "pp_degree=2 does not divide world_size=3" in str(PP().configure(section(pp_degree=2)).layout_error(3))
+    assert "needs n_layers divisible by 4; n_layers=2" in str(PP().configure(section(n_layers=2)).layout_error(4))
+    assert "needs the gpt model" in str(PP().configure(section(model="mlp")).layout_error(2))
+    # 2 ranks x 1 sample = 2 samples per pipeline step: not 4 micro-batches
+    assert "batch of 2 samples" in str(PP().configure(section(batch_size=1)).layout_error(2))
+    assert PP().layout_error(2) is None  # not configured: the degree alone
