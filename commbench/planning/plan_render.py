@@ -166,7 +166,8 @@ def warnings(df: pd.DataFrame) -> list[list[str]]:
     out = []
     for _, r in df.iterrows():
         warned = r.get("comm_warned") is True or r["comm_extrapolated"] is True
-        if warned or (pd.isna(r["comm_time_s"]) and r["comm_model"]):
+        priced = r["comm_extrapolated"] is not None  # None: no cost model was given, nothing to warn about
+        if warned or (priced and pd.isna(r["comm_time_s"]) and r["comm_model"]):
             out.append([f"{r['strategy']}/{r['precision']}", str(r["comm_model"])])
     return out
 

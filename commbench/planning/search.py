@@ -357,16 +357,30 @@ def search(
     counts = list(gpus) if gpus is not None else []
     reached = None
     if target_tokens_per_s is not None:
-        n = g.gpus_per_node
-        while n <= MAX_GPUS:
-            new = one_count(n)
-            rows += new
-            counts.append(n)
-            best = max((r.get("tokens_per_s", math.nan) for r in new if not r["ruled_out"]), default=math.nan)
-            if best >= target_tokens_per_s:
-                reached = n
-                break
-            n *= 2
+        best_at: dict[int, float] = {}
+
+        def best(n: int) -> float:
+            if n not in best_at:
+                new = one_count(n)
+                rows.extend(new)
+                counts.append(n)
+                best_at[n] = max((r.get("tokens_per_s", math.nan) for r in new if not r["ruled_out"]), default=math.nan)
+            return best_at[n]
+
+        # double the nodes until the target is reached, then bisect on whole nodes between the last two counts
+        gpn, lo, n = g.gpus_per_node, 0, g.gpus_per_node
+        while n <= MAX_GPUS and not best(n) >= target_tokens_per_s:
+            lo, n = n, n * 2
+        if n <= MAX_GPUS:
+            hi = n
+            while hi - lo > gpn and lo:
+                mid = (lo + hi) // 2 // gpn * gpn
+                if best(mid) >= target_tokens_per_s:
+                    hi = mid
+                else:
+                    lo = mid
+            reached = hi
+        counts.sort()
     else:
         for n in counts:
             rows += one_count(n)
@@ -411,8 +425,17 @@ def _answers(
     for n in counts:
         sub = ok[ok["gpus"] == n]
         if sub.empty:
-            why = df[df["gpus"] == n]["ruled_out"].value_counts()
-            per_count.append(f"{n} GPUs: no option ({'; '.join(f'{k}: {v}' for k, v in why.head(3).items())})")
+            here = df[df["gpus"] == n]
+            sized = here[here["mem_total_bytes"].notna()]
+            if not sized.empty:  # the option closest to fitting says what rules this count out
+                r = sized.loc[sized["mem_total_bytes"].astype(float).idxmin()]
+                per_count.append(
+                    f"{n} GPUs: no option; the least memory, TP {r['tp']} x PP {r['pp']} x DP {r['dp']} "
+                    f"{r['strategy']} {r['precision']}: {r['ruled_out']}"
+                )
+            else:
+                why = here["ruled_out"].value_counts()
+                per_count.append(f"{n} GPUs: no option ({'; '.join(f'{k}: {v}' for k, v in why.head(3).items())})")
         else:
             per_count.append(f"{n} GPUs: {describe_option(sub.iloc[0], s)}")
     name = s.model.name
