@@ -277,6 +277,20 @@ def load_plugins(modules: list[str]) -> None:
     plugins.load(builtins=False)
 
 
+# The rank variables a launcher sets (torchrun, Slurm, Open MPI, other PMI MPIs), read without importing the launch
+# module (and torch): only to keep one error line per job, not per rank.
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def _launcher_rank() -> int:
+    """This process's rank in the world of an external launcher; 0 when none (or a value that is not a number)."""
+    for key in _RANK_VARIABLES:
+        value = os.environ.get(key, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `python -m commbench [run flags]` is `run` on the default suite, like a bare nccl-tests binary.
@@ -293,11 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         if command is None:
             raise CLIError(f"unknown command {args.command!r}")
         return command(args, argv)
-    except CLIError as e:
-        print(f"commbench: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # validation from config/registries/results: one line, exit 2
-        print(f"commbench: error: {e}", file=sys.stderr)
+    except (CLIError, ValueError) as e:  # ValueError: validation from config/registries/results
+        # one line, exit 2; under a launcher every rank meets the same bad input: only its rank 0 says so
+        if _launcher_rank() == 0:
+            print(f"commbench: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # a spawned rank stays silent: its launcher prints the one line, with the command that resumes
