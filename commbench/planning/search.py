@@ -19,8 +19,9 @@ Per option, asked of the objects that own each figure:
 * TP bytes: :class:`commbench.training.tensor_parallel.TensorParallel` (Megatron: 4 all-reduces of b*s*h per layer
   per micro-batch; with sequence parallelism the same volume as all-gather + reduce-scatter), ``m`` micro-batches,
   the stage's layers; exposed (no TP overlap);
-* PP bytes: b*s*h forward and b*s*h backward per stage boundary per micro-batch (Narayanan et al. 2021), a middle
-  stage's rank sending both, in the activation dtype; exposed;
+* PP bytes: :class:`commbench.training.pipeline_parallel.PipelineParallel` (b*s*h forward and b*s*h backward per
+  stage boundary per micro-batch, Narayanan et al. 2021), a middle stage's rank sending both, in the activation
+  dtype; exposed;
 * compute: :mod:`commbench.planning.compute` at the stated MFU, ``(m + pp - 1)`` micro-batch times per step, so the
   pipeline bubble is ``(pp-1)/(m+pp-1)`` of it (1F1B, no interleaving);
 * time: each group's bytes priced by the cost model (``--model``) or the GPU preset's stated link bandwidths
@@ -62,7 +63,6 @@ from commbench.planning.pricing import (
     step_flops_per_token,
     time_columns,
 )
-from commbench.training.comm import dtype_name
 from commbench.training.strategies import BF16, FP32, Layout
 
 GLOBAL_BATCH_TOKENS = 4 * 2**20
@@ -161,15 +161,21 @@ def _tp_bytes(m: ModelShape, tp: int, pp: int, tokens: int, prec: PlanPrecision,
 
 
 def _pp_bytes(m: ModelShape, pp: int, tokens: int, prec: PlanPrecision, microbatches: int) -> dict[str, float]:
-    """Bytes a middle stage's rank sends per step: b*s*h forward and b*s*h backward per micro-batch (module
-    docstring); a send's bus factor is 1."""
+    """Bytes a middle stage's rank sends per step (b*s*h forward and b*s*h backward per micro-batch; the ends send
+    one direction), asked of PipelineParallel for one pipeline of ``pp`` stages."""
     if pp < 2:
         return {}
-    act = BF16 if prec.param_bytes < 4 else FP32
-    from commbench.measure.precision import torch_dtype
+    from commbench.training.pipeline_parallel import PipelineParallel
+    from commbench.training.strategies import World
 
-    sends = 2 if pp > 2 else 1
-    return {f"send:{dtype_name(act)}": sends * microbatches * tokens * m.hidden * torch_dtype(act).itemsize}
+    act = BF16 if prec.param_bytes < 4 else FP32
+    pipe = PipelineParallel(pp=pp, microbatches=microbatches, act_dtype_name=act)
+    world = World(0.0, pp, layout=PipelineParallel.layout(tokens=tokens, hidden=m.hidden))
+    out: dict[str, float] = {}
+    for part in pipe.send_bytes_of_rank(1 if pp > 2 else 0, world).values():
+        for k, v in part.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
 
 
 def _option(
