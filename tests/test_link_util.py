@@ -41,6 +41,8 @@ def test_node_link_nccl_spreads_over_the_fastest_nics_gloo_takes_one() -> None:
     assert node_link(node, {"NCCL_SOCKET_IFNAME": "^ib"}, "nccl")["nics"] == ["eno1"]
     none = node_link([nic("lo", None, virtual=True)], {}, "gloo")
     assert none["gbps"] is None and "no NIC" in none["label"]
+    local = node_link([nic("lo", None, virtual=True), nic("eth0", 1000)], {"GLOO_SOCKET_IFNAME": "lo"}, "gloo")
+    assert local == {"gbps": None, "label": "loopback only (GLOO_SOCKET_IFNAME=lo): no link between nodes", "nics": []}
 
 
 def test_a_shaped_link_reads_as_its_tbf_rate() -> None:

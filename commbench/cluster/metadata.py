@@ -202,7 +202,10 @@ def node_link(node_nics: Sequence[Mapping[str, Any]], env: Mapping[str, str], ba
             continue  # bridges, veths, docker0: not where a node's traffic leaves
         rated.append((name, min(rates), isinstance(shaped, (int, float)) and 0 < shaped <= min(rates)))
     if not rated:
+        named = [str(n.get("name")) for n in node_nics if spec and _named(str(n.get("name")), spec)]
         why = f"no NIC named by {IFNAME_ENV[backend]}={spec} has a known rate" if spec else "no NIC with a known rate"
+        if named == ["lo"]:
+            why = f"loopback only ({IFNAME_ENV[backend]}={spec}): no link between nodes"
         return {"gbps": None, "label": why, "nics": []}
     top = max(r for _, r, _ in rated)
     used = [x for x in rated if x[1] == top]
