@@ -123,3 +123,23 @@ def test_cli_prints_the_answer_first(tmp_path: Path, capsys: pytest.CaptureFixtu
     md = (out / "search.md").read_text()
     assert "Ruled out" in md and "does not fit" in md and "MFU" in md
     assert math.isfinite(float(fits.iloc[0]["tokens_per_s"]))
+
+
+def test_tp_priced_by_a_fitted_model_within_the_node() -> None:
+    # a noise-free alpha-beta model of bf16 all_reduce on one node (2..8 ranks, 64 KiB..64 MiB): TP 8 x DP 1 moves
+    # only TP's all-reduces, 4 per layer per micro-batch of b*s*h bf16 (32 MiB), priced as calls of that size
+    from commbench.planning import fitting
+    from tests.test_costmodel import ring_time, synth
+
+    model = fitting.fit([synth("all_reduce", "bf16", ci_rel=None)])
+    m = 2
+    df = search(model_preset="llama2-7b", gpus=[8], tp=[8], pp=[1], strategies=["fsdp"], precisions=["bf16"],
+                global_batch_tokens=m * 4096, model=model)  # fmt: skip
+    r = one(df, tp=8)
+    calls, size = 4 * M7.layers * m, M7.seq * M7.hidden * 2
+    want = calls * ring_time("all_reduce", 8, size)
+    # 32 MiB lies between the measured 16 and 64 MiB: read off the points (log-log), within 2 % of the formula
+    assert r["comm_time_s"] == pytest.approx(want, rel=0.02)
+    assert r["comm_time_low_s"] <= r["comm_time_s"] <= r["comm_time_high_s"]
+    assert r["exposed_comm_s"] == pytest.approx(r["comm_time_s"], rel=1e-12)  # TP is not overlapped
+    assert r["step_time_s"] == pytest.approx(r["compute_s"] + r["comm_time_s"], rel=1e-12)

@@ -193,7 +193,7 @@ def _price(
     # the layout rule of the cost model (its "Layouts"): groups of this level sharing each node link
     if g.nodes is not None:
         span, per_node, conc = _placement(g, nodes, gpus_per_node)
-        level, lay_nodes, lay_g = "world", span, per_node
+        level, lay_nodes, lay_g = ("world" if span > 1 else "intra"), span, per_node
         layout: dict[str, Any] = {"nodes": span, "concurrent": conc}
     else:
         share = link_sharing(g.level, nodes, gpus_per_node)

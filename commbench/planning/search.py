@@ -426,11 +426,20 @@ def _answers(
     df: pd.DataFrame, s: Setting, counts: list[int], target: float | None, reached: int | None,
     cost: CostModel | StatedLinks,
 ) -> dict[str, Any]:  # fmt: skip
-    ok = df[(df["ruled_out"] == "") & df["tokens_per_s"].notna()]
+    fit = df[df["ruled_out"] == ""]
+    ok = fit[fit["tokens_per_s"].notna()]
     per_count = []
     for n in counts:
         sub = ok[ok["gpus"] == n]
-        if sub.empty:
+        unpriced = fit[fit["gpus"] == n]
+        if sub.empty and not unpriced.empty:
+            r = unpriced.iloc[0]
+            per_count.append(
+                f"{n} GPUs: {len(unpriced)} options fit (least memory: TP {r['tp']} x PP {r['pp']} x DP {r['dp']} "
+                f"{r['strategy']} {r['precision']}, {r['mem_total_bytes'] / 1e9:.1f} GB) but none is priced: "
+                f"{r['comm_model']}"
+            )
+        elif sub.empty:
             here = df[df["gpus"] == n]
             sized = here[here["mem_total_bytes"].notna()]
             if not sized.empty:  # the option closest to fitting says what rules this count out
@@ -445,7 +454,12 @@ def _answers(
         else:
             per_count.append(f"{n} GPUs: {describe_option(sub.iloc[0], s)}")
     name = s.model.name
-    if ok.empty:
+    if ok.empty and not fit.empty:
+        answer = (
+            f"{name}: {len(fit)} options fit on {', '.join(map(str, counts))} x {s.gpu.name.upper()}, none priced "
+            f"(the cost model lacks a collective: see comm_model; or drop --model for stated bandwidths)"
+        )
+    elif ok.empty:
         answer = f"{name}: no option fits on {', '.join(map(str, counts))} x {s.gpu.name.upper()} (see ruled_out)"
     elif target is not None:
         if reached is None:
@@ -487,8 +501,10 @@ def format_search(df: pd.DataFrame, top: int = 12) -> str:
                 "mem_GB": ok["mem_total_bytes"] / 1e9,
                 "m": ok["microbatches"],
                 "comm_ms": ok["comm_time_s"] * 1e3,
-                "comm_ms_95%": [f"{a * 1e3:.4g}-{b * 1e3:.4g}" for a, b in zip(ok["comm_time_low_s"],
-                                                                                 ok["comm_time_high_s"], strict=True)],
+                "comm_ms_95%": [
+                    "-" if pd.isna(a) else f"{a * 1e3:.4g}-{b * 1e3:.4g}"
+                    for a, b in zip(ok["comm_time_low_s"], ok["comm_time_high_s"], strict=True)
+                ],
                 "exposed_ms": ok["exposed_comm_s"] * 1e3,
                 "step_s": ok["step_time_s"],
                 "Mtok/s": ok["tokens_per_s"] / 1e6,
