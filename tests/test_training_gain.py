@@ -136,6 +136,8 @@ def test_gain_by_parallelism_against_formulas() -> None:
     # a skipped reference: the row says so instead of a number
     err = summary.assign(error=[("boom" if p == "tp_fp32" else None) for p in summary["policy"]])
     assert gain_by_parallelism(err).set_index("policy").loc["tp_bf16", "note"] == "reference skipped"
+    both = err.assign(error=[("boom" if p.startswith("tp_") else None) for p in err["policy"]])
+    assert gain_by_parallelism(both).set_index("policy").loc["tp_bf16", "note"] == "both skipped"
     # runs from before the columns existed: no comparison, no error
     assert gain_by_parallelism(summary.drop(columns=["reference_policy", "parallelism"])).empty
 

@@ -260,7 +260,8 @@ def gain_by_parallelism(summary: pd.DataFrame, steps: pd.DataFrame | None = None
         if ref is None:
             row["note"] = "reference not in this run"
         elif _text(r.get("error")) or _text(ref.get("error")):
-            row["note"] = "policy skipped" if _text(r.get("error")) else "reference skipped"
+            own, refs = bool(_text(r.get("error"))), bool(_text(ref.get("error")))
+            row["note"] = "both skipped" if own and refs else "policy skipped" if own else "reference skipped"
         else:
             speed = stats.invert(stats.ratio_of(_step_estimate(r), _step_estimate(ref)))
             ref_bytes = as_float(ref.get("comm_bytes_per_step"))
