@@ -143,3 +143,22 @@ def test_tp_priced_by_a_fitted_model_within_the_node() -> None:
     assert r["comm_time_low_s"] <= r["comm_time_s"] <= r["comm_time_high_s"]
     assert r["exposed_comm_s"] == pytest.approx(r["comm_time_s"], rel=1e-12)  # TP is not overlapped
     assert r["step_time_s"] == pytest.approx(r["compute_s"] + r["comm_time_s"], rel=1e-12)
+
+
+def test_tokens_and_days_are_a_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "plan",
+        "--model-preset",
+        "llama2-7b",
+        "--strategies",
+        "fsdp",
+        "--precisions",
+        "bf16",
+        "--out",
+        str(tmp_path),
+    ]
+    assert cli.main([*argv, "--train-tokens", "2e11", "--days", "20"]) == 0
+    target = 2e11 / (20 * 86400)  # 0.116 M tokens/s
+    assert capsys.readouterr().out.startswith(f"llama2-7b at {target / 1e6:.3g} M tokens/s: ")
+    assert cli.main([*argv, "--train-tokens", "2e11"]) == 2
+    assert "--train-tokens and --days go together" in capsys.readouterr().err

@@ -226,6 +226,8 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
     pl.add_argument("--gpus-per-node", type=_positive_int, default=8, help="ranks per node (default 8)")
     pl.add_argument("--gpus", type=_csv_list, help="3-D search over these GPU counts, e.g. 64,128,256 (TP x PP x DP)")
     pl.add_argument("--target-tokens-per-s", type=_positive_float, help="3-D search: the fewest GPUs reaching this")
+    pl.add_argument("--train-tokens", type=_positive_float, help="3-D search target: tokens to train on (with --days)")
+    pl.add_argument("--days", type=_positive_float, help="3-D search target: days to train --train-tokens in")
     pl.add_argument("--gpu", help="GPU preset: a100 | h100 | h200 | b200 (memory, peak, links; search default h100)")
     pl.add_argument("--strategies", type=_csv_list, help="comma-separated, default all: ddp,zero1,zero1_torch,zero2,zero3,fsdp,hsdp")
     pl.add_argument("--precisions", type=_csv_list, help="comma-separated, default all: fp32,bf16,fp8 (search: bf16,fp8)")
@@ -633,6 +635,12 @@ def cmd_plan(args: argparse.Namespace, argv: list[str]) -> int:
     model = args.model if args.model is not None else args.run_dir
     shape = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "kv_heads": args.kv_heads,
              "ffn": args.ffn, "vocab": args.vocab, "seq": args.seq}  # fmt: skip
+    if (args.train_tokens is None) != (args.days is None):
+        raise CLIError("--train-tokens and --days go together (target tokens/s = tokens / (days * 86400))")
+    if args.train_tokens is not None:
+        if args.target_tokens_per_s is not None:
+            raise CLIError("give either --target-tokens-per-s or --train-tokens with --days, not both")
+        args.target_tokens_per_s = args.train_tokens / (args.days * 86400.0)
     if args.gpus is not None or args.target_tokens_per_s is not None:
         return _cmd_search(args, model, shape)
     for flag, v in (("--global-batch-tokens", args.global_batch_tokens),):
