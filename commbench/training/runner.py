@@ -505,6 +505,8 @@ class PolicySession:
             return None
         if any(not _close(b, measured) for b in self._timed_bytes):
             notes.append("timed comm steps counted other bytes than the measured steps")
+        if any(k.startswith("send:") for k in measured):
+            notes.append("comm_time_us leaves out the point-to-point sends (not timed: see comm.py)")
         return stats.median_ci([t * 1e6 for t in per_step])
 
     def _my_share(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -625,7 +627,12 @@ class PolicySession:
         measured = _mean_comm([r for r in records if not r.warmup])
         wire, quirks = wire_bytes(measured, self.backend, n)
         notes.extend(quirks)
-        comm_time = self._comm_time(durations, notes, measured)
+        # the timed steps are this rank's own: compared with this rank's measured steps, not the mean over ranks
+        own = _mean_comm([
+            StepRecord(s, False, math.nan, math.nan, math.nan, False, False, math.nan, comm)
+            for s, _, comm, _ in self._meta if s >= self.warmup
+        ])  # fmt: skip
+        comm_time = self._comm_time(durations, notes, own)
         return PolicyRun(
             policy=self.policy,
             steps=records,
