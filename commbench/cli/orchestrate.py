@@ -379,6 +379,12 @@ def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
         from commbench.measure.stragglers import stragglers
 
         console.print_stragglers(stragglers(pd.DataFrame(writer.rows["ranks"])))
+        # "is my number good?": each series' largest size as a share of the link it crosses (the report's finding)
+        from commbench.views.findings import link_findings
+
+        for line in link_findings(df):
+            for out in console.comment(line):
+                print(out)
 
 
 def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = False) -> None:
