@@ -30,15 +30,17 @@ from tests.distutil import run_in_world
 
 N = 2
 # Every test reading the shared world may be the one that spawns it (~35 s on 2 cores).
-WORLD = pytest.mark.timeout(200)
+WORLD = pytest.mark.timeout(330)  # the "all" world runs every registered policy: generous under load
 
 STABLE_NAMES = [
     "fp32", "amp_bf16", "amp_fp16", "amp_fp16_noscaler", "fp16_hook", "bf16_hook", "fp8_hook",
     "fsdp2_bf16_fp32reduce", "fsdp2_bf16", "fsdp2_fp16_scaler", "hsdp_fp32", "hsdp_bf16_fp32reduce", "hsdp_bf16",
     "fsdp1_bf16",
     "zero1_fp32", "zero1_bf16", "zero2_fp32", "zero2_bf16", "zero3_fp32", "zero3_bf16",
-    "tp_fp32", "tp_bf16",
+    "pp_gpipe_fp32", "pp_gpipe_bf16", "pp_1f1b_fp32", "pp_1f1b_bf16",
+    "tp_fp32", "tp_bf16", "tp_bf16comm", "tp_sp_fp32", "tp_sp_bf16", "tp_sp_fp8", "tp_dp_fp32", "tp_dp_bf16",
 ]  # fmt: skip
+TWO_D = {"tp_dp_fp32", "tp_dp_bf16"}  # TP x DP needs 4 ranks: at N = 2 a row that says why, nothing run
 
 GPT: dict[str, Any] = {"model": "gpt", "steps": 2, "warmup_steps": 1, "batch_size": 4, "seq_len": 16, "d_model": 32,
        "n_layers": 2, "n_heads": 4, "vocab": 64, "seed": 3}  # fmt: skip
@@ -114,7 +116,7 @@ def _world_checks(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def world() -> list[dict[str, Any]]:
-    return run_in_world(_world_checks, nproc=N, timeout=170)
+    return run_in_world(_world_checks, nproc=N, timeout=300)
 
 
 def _summary(res: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
@@ -282,6 +284,10 @@ def test_every_policy_runs_and_writes_rows(world: list[dict[str, Any]]) -> None:
     assert world[0]["gpt_done"] == STABLE_NAMES  # on_policy_done once per policy, in order
     assert world[1]["gpt"] == ([], [])  # complete rows on rank 0 only
     for r in summary:
+        if r["policy"] in TWO_D:
+            why = f"{r['policy']} skipped: 2-D TP x DP needs at least 4 ranks"
+            assert r["steps"] == 0 and r["error"].startswith(why), r
+            continue
         assert r["error"] == "", r
         assert set(SUMMARY_COLUMNS) <= set(r)
         assert r["steps"] == GPT["steps"] and r["world_size"] == N and r["backend"] == "gloo"
@@ -292,7 +298,8 @@ def test_every_policy_runs_and_writes_rows(world: list[dict[str, Any]]) -> None:
     df = pd.DataFrame(steps)
     assert set(STEP_COLUMNS) <= set(df.columns)
     per_policy = int(GPT["steps"]) + int(GPT["warmup_steps"])
-    assert df.groupby("policy").size().to_dict() == dict.fromkeys(STABLE_NAMES, per_policy)
+    ran = [p for p in STABLE_NAMES if p not in TWO_D]
+    assert df.groupby("policy").size().to_dict() == dict.fromkeys(ran, per_policy)
 
 
 def _gpt_counts() -> tuple[int, int]:
@@ -307,7 +314,7 @@ def _gpt_counts() -> tuple[int, int]:
 
 @WORLD
 def test_measured_comm_bytes_equal_formulas(world: list[dict[str, Any]]) -> None:
-    s = _summary(world[0], "gpt")
+    s = {p: r for p, r in _summary(world[0], "gpt").items() if p not in TWO_D}  # TWO_D: skipped at N = 2
     psi, root = _gpt_counts()
     ar, h = 2 * (N - 1) / N, (N - 1) / N
     by_op = {p: json.loads(r["comm_by_op"]) for p, r in s.items()}
