@@ -120,6 +120,7 @@ def test_cli_prints_the_answer_first(tmp_path: Path, capsys: pytest.CaptureFixtu
     fits = df[df["ruled_out"].isna()]
     assert fits["mem_total_bytes"].notna().all() and (fits["comm_time_low_s"] <= fits["comm_time_high_s"]).all()
     assert df["ruled_out"].notna().any()
+    assert (out / "search.html").read_text().count("data:image/png;base64,") == 1  # the best option per count
     md = (out / "search.md").read_text()
     assert "Ruled out" in md and "does not fit" in md and "MFU" in md
     assert math.isfinite(float(fits.iloc[0]["tokens_per_s"]))

@@ -199,6 +199,30 @@ def format_plan(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def fig_search(df: pd.DataFrame) -> Any | None:
+    """Tokens/s of the best option per GPU count, with its interval and its layout; None when nothing is priced."""
+    ok = df[(df["ruled_out"] == "") & df["tokens_per_s"].notna()]
+    if ok.empty:
+        return None
+    import matplotlib.pyplot as plt
+
+    best = ok.loc[ok.groupby("gpus")["tokens_per_s"].idxmax()].sort_values("gpus")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    y = best["tokens_per_s"].to_numpy(float) / 1e6
+    lo = y - best["tokens_per_s_low"].to_numpy(float) / 1e6
+    hi = best["tokens_per_s_high"].to_numpy(float) / 1e6 - y
+    ax.errorbar(best["gpus"], y, yerr=[lo, hi], marker="o", capsize=3)
+    for x, v, r in zip(best["gpus"], y, best.itertuples(), strict=True):
+        ax.annotate(f"TP{r.tp} PP{r.pp} DP{r.dp}\n{r.strategy} {r.precision}", (x, v), fontsize=7,
+                    textcoords="offset points", xytext=(4, -18))  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("M tokens/s (best option, interval)")
+    ax.set_title("Throughput of the best option per GPU count", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Path]:
     """``out/search.csv``, ``search.md``, ``search.html``: the answer, the best per GPU count, the options that fit,
     what ruled the rest out, the assumptions; returns the paths."""
@@ -208,7 +232,7 @@ def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Pat
 
     d = Path(out)
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        (d / "plots").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"output directory {d} cannot be created: {e.strerror or e}") from None
     paths = {"csv": d / "search.csv", "md": d / "search.md", "html": d / "search.html"}
@@ -233,11 +257,19 @@ def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Pat
         Table("assumptions", "Assumptions", ["assumption"], [[a] for a in df.attrs.get("assumptions", [])]),
         Table("columns", "Columns of search.csv", ["column", "meaning"], [[k, v] for k, v in SEARCH_COLUMNS.items()]),
     ]  # fmt: skip
-    sections = [("search", "3-D search", tables)]
+    sections = [("summary", "3-D search", tables)]  # the template puts the figures in "summary"
     title = "commbench plan: 3-D search"
-    paths["html"].write_text(render_html(title, sections, [], None), encoding="utf-8")
-    paths["md"].write_text(render_markdown(title, sections, [], None, d), encoding="utf-8")
+    figures = []
+    fig = fig_search(df)
+    if fig is not None:
+        from commbench.views.plots import save_figure
+
+        saved = save_figure(fig, d / "plots", "search_best")
+        figures.append(("search_best", "Tokens/s of the best option per GPU count", saved["png"], saved.get("svg")))
+        paths["search_best"] = saved["png"]
+    paths["html"].write_text(render_html(title, sections, figures, None), encoding="utf-8")
+    paths["md"].write_text(render_markdown(title, sections, figures, None, d), encoding="utf-8")
     return paths
 
 
-__all__ = ["MEM_PARTS", "answer_line", "fig_memory", "fig_step", "format_plan", "warnings", "write_plan", "write_search"]
+__all__ = ["MEM_PARTS", "answer_line", "fig_memory", "fig_search", "fig_step", "format_plan", "warnings", "write_plan", "write_search"]
