@@ -91,6 +91,8 @@ def test_rules_rank_and_reasons(grid: pd.DataFrame) -> None:
     layers = search(model_preset="llama2-7b", layers=30, gpus=[8], tp=[1], pp=[4], strategies=["fsdp"],
                     precisions=["bf16"])  # fmt: skip
     assert list(layers["ruled_out"]) == ["layers 30 not divisible by PP 4"]
+    wide = search(model_preset="llama2-7b", gpus=[16], tp=[16], pp=[1], strategies=["fsdp"], precisions=["bf16"])
+    assert list(wide["ruled_out"]) == ["TP 16 > 8 GPUs per node (a TP group stays within a node)"]
     small = search(model_preset="llama2-7b", gpus=[16], tp=[1], pp=[1], strategies=["fsdp"], precisions=["bf16"],
                    global_batch_tokens=8 * 4096)  # fmt: skip
     assert small.iloc[0]["ruled_out"] == "global batch 32768 tokens < one micro-batch per DP rank (16 x 4096)"

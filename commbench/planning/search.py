@@ -193,6 +193,7 @@ def _option(
         "ruled_out": "",
     }  # fmt: skip
     rules = [
+        (tp > g, f"TP {tp} > {g} GPUs per node (a TP group stays within a node)"),
         (m.heads % tp != 0, f"heads {m.heads} not divisible by TP {tp}"),
         (m.kv_heads % tp != 0, f"kv heads {m.kv_heads} not divisible by TP {tp}"),
         (m.layers % pp != 0, f"layers {m.layers} not divisible by PP {pp}"),
@@ -352,13 +353,17 @@ def search(
         rows = []
         for t in tps:
             for p in pps:
-                if n % (t * p) or t > min(g.gpus_per_node, n):
+                if n % (t * p):
                     continue
                 for sname in strategies:
                     for pname in precisions:
                         rows.append(_option(setting, n, t, p, sname, pname, cost))
         return rows
 
+    setting_note = (
+        f"Searched: TP {', '.join(map(str, tps))} x PP {', '.join(map(str, pps))} x strategies "
+        f"{', '.join(strategies)} x precisions {', '.join(precisions)} (--strategies, --precisions)."
+    )
     rows: list[dict[str, Any]] = []
     counts = list(gpus) if gpus is not None else []
     reached = None
@@ -396,6 +401,7 @@ def search(
             df[c] = math.nan
     df = _rank_search(df[list(SEARCH_COLUMNS)[1:]])
     df.attrs.update(_answers(df, setting, counts, target_tokens_per_s, reached, cost))
+    df.attrs["assumptions"].append(setting_note)
     return df
 
 
