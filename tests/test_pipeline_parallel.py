@@ -40,7 +40,7 @@ def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -
     from commbench.training.runner import PolicyFailed, PolicySession, run_policy
 
     plugins.load()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"p2p": _p2p_counts(rank, n)}
     for pp_degree, names in layouts:
         sec = TrainingConfig.coerce({**SECTION, "pp_degree": pp_degree})
         for name in names:
@@ -71,6 +71,32 @@ def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -
         except PolicyFailed as exc:
             out["skips"].append(str(exc))
     return out
+
+
+def _p2p_counts(rank: int, n: int) -> dict[str, Any]:
+    """The counter on plain P2P calls, with each rank on a node of its own: `send`, `isend` and `batch_isend_irecv`
+    counted by the sender only, as op "send", inter-node; in timed mode counted but not timed; `isend` restored."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from commbench.training.comm import CommCounter
+
+    original = dist.isend
+    counter = CommCounter(node_of_rank=tuple(range(n)))
+    peer = rank ^ 1  # pairs (0, 1), (2, 3)
+    with counter, counter.timed():
+        if rank % 2 == 0:
+            dist.send(torch.ones(10, dtype=torch.float16), dst=peer)
+            dist.isend(torch.ones(5), dst=peer).wait()
+        else:
+            dist.recv(torch.empty(10, dtype=torch.float16), src=peer)
+            dist.recv(torch.empty(5), src=peer)
+        ops = [dist.P2POp(dist.isend, torch.ones(3), peer), dist.P2POp(dist.irecv, torch.empty(3), peer)]
+        for work in dist.batch_isend_irecv(ops if rank % 2 == 0 else ops[::-1]):
+            work.wait()
+    return dict(calls=dict(counter.calls), links=counter.snapshot_links(), durations=list(counter.durations),
+                restored=dist.isend is original and c10d.isend is original)  # fmt: skip
 
 
 def _expected(rank: int, n: int, pp: int, name: str, stage_params: list[int]) -> dict[str, float]:
@@ -110,6 +136,12 @@ def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[tuple[int
                 tol = 1e-5 if name.endswith("fp32") else 2e-2
                 assert got["loss"] == pytest.approx(res["ref_loss"], rel=tol), key
                 assert got["grad_norm"] == pytest.approx(res["ref_grad_norm"], rel=1e-4 if tol < 1e-3 else 5e-2), key
+    for r, res in enumerate(results):
+        p2p = res["p2p"]
+        sent = {"send:half": 20.0, "send:float": 5 * 4 + 3 * 4.0} if r % 2 == 0 else {"send:float": 3 * 4.0}
+        assert p2p["links"] == {"intra": {}, "inter": sent}
+        assert p2p["calls"] == ({"send:half": 1, "send:float": 2} if r % 2 == 0 else {"send:float": 1})
+        assert p2p["durations"] == [] and p2p["restored"]
     for res in results:
         assert len(res["skips"]) == 2
         assert all("\n" not in s for s in res["skips"])
