@@ -31,6 +31,12 @@ global tokens the data-parallel ranks it replaces see, and its loss (the mean of
 gradients (summed over micro-batches, divided by M: `scale_grads`) are those of the fp32 DDP baseline's global
 batch. The loss exists on the last stage only; the runner averages it over the ranks that report one
 (`reports_loss`).
+
+Failures: a schedule step has no separate forward the runner could agree on before the backward's communication,
+so a rank that fails inside the schedule leaves its neighbours waiting on their P2P receives until the
+collective timeout; layouts a world cannot form are refused before anything runs (`layout_error`), and a batch
+that does not split into the micro-batches is refused on every rank before any send (`pipeline_step`). The
+pipeline and data-parallel groups are created per policy run (`dist.new_group`, collective over the world).
 """
 
 from __future__ import annotations
