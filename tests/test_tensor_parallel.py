@@ -103,10 +103,10 @@ def _tp(
     return out
 
 
-def _fsdp2(t: int, d: int) -> dict[str, float]:
+def _fsdp2(t: int, d: int, dtype: str = F32) -> dict[str, float]:
     """FSDP2 over d data-parallel ranks of the parameters one TP rank of t holds: per block unit all-gathered twice
     (forward, then again for backward) and reduce-scattered once, the root unit (embeddings, final norm, head) once
-    each; each parameter's shard is ceil(dim0 / d) rows, fp32; bus (d-1)/d of the d shards."""
+    each; each parameter's shard is ceil(dim0 / d) rows, in `dtype`; bus (d-1)/d of the d shards."""
     h, v, s = SECTION["d_model"], SECTION["vocab"], SECTION["seq_len"]
     block = [(3 * h // t, h), (3 * h // t,), (h, h // t), (h,), (h,), (h,), (h,), (h,), (4 * h // t, h), (4 * h // t,),
              (h, 4 * h // t), (h,)]  # fmt: skip
@@ -115,10 +115,10 @@ def _fsdp2(t: int, d: int) -> dict[str, float]:
     def shard(shapes: list[tuple[int, ...]]) -> int:
         return sum(math.ceil(sh[0] / d) * math.prod(sh[1:]) for sh in shapes)
 
-    bus = (d - 1) / d * d * 4
+    bus = (d - 1) / d * d * SIZE[dtype]
     gathered = SECTION["n_layers"] * 2 * shard(block) + shard(root)
     reduced = SECTION["n_layers"] * shard(block) + shard(root)
-    return {"all_gather:float": bus * gathered, "reduce_scatter:float": bus * reduced}
+    return {f"all_gather:{dtype}": bus * gathered, f"reduce_scatter:{dtype}": bus * reduced}
 
 
 def _merge(*parts: dict[str, float]) -> dict[str, float]:
@@ -130,10 +130,9 @@ def _merge(*parts: dict[str, float]) -> dict[str, float]:
 
 
 def _expected(name: str, n: int, tp_degree: int) -> dict[str, float]:
-    if name in TWO_D:
-        t = tp_degree or n // 2
-        tp = _tp(t, sp=False, fwd_out=B16 if name == "tp_dp_bf16" else F32, col_in=F32)
-        return _merge(tp, _fsdp2(t, n // t))
+    if name in TWO_D:  # tp_dp_bf16: FSDP2 bf16 parameters, so every activation and its gradient is bf16 too
+        t, dt = tp_degree or n // 2, B16 if name == "tp_dp_bf16" else F32
+        return _merge(_tp(t, sp=False, fwd_out=dt, col_in=dt), _fsdp2(t, n // t, dt))
     return {
         "tp_fp32": _tp(n, sp=False, fwd_out=F32, col_in=F32),
         "tp_bf16": _tp(n, sp=False, fwd_out=B16, col_in=F32),  # CPU autocast: LayerNorm returns fp32

@@ -383,6 +383,9 @@ class TensorParallel(Sharding):
         label = SHORT[self.comm_cast_name or self.act_dtype_name]
         return f"{self.gather_codec}+{label}" if self.gather_codec else label
 
+    def grad_dtype_names(self) -> tuple[str, ...]:
+        return (self.dp.param_dtype_name,) if self.dp is not None else ()
+
     def comm_underflow(self, grad_comm: GradComm) -> Underflow:
         # Parameter gradients travel only in 2-D (FSDP2's reduce dtype); input gradients in the column-wise dtype.
         stages = [DTYPE_UNDERFLOW[self.comm_cast_name or self.grad_dtype_name]]
@@ -454,9 +457,14 @@ _POLICIES = (
     Policy(
         name="tp_dp_bf16",
         family="tp",
-        description="2-D TP x FSDP2, autocast bf16: TP activations all-reduced in bf16, FSDP2 in fp32",
-        sharding=TensorParallel(parallelism="tp+dp", dp=FSDP2(), act_dtype_name=BF16),
-        autocast_name=BF16,
+        description="2-D TP x FSDP2, params bf16 (FSDP2 mixed precision): TP activations and their gradients, "
+        "FSDP2's all-gathers and reduce-scatters all in bf16",
+        sharding=TensorParallel(
+            parallelism="tp+dp",
+            dp=FSDP2(param_dtype_name=BF16, reduce_dtype_name=BF16),
+            act_dtype_name=BF16,
+            grad_dtype_name=BF16,
+        ),
         reference="tp_dp_fp32",
     ),
 )
