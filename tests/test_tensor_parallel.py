@@ -250,3 +250,16 @@ def test_tp_policies_listed() -> None:
     assert get_policy("tp_bf16").autocast_name == "bfloat16"
     assert {get_policy(p).sharding.parallelism for p in TWO_D} == {"tp+dp"}
     assert get_policy("tp_sp_fp8").reference == "tp_sp_fp32" and get_policy("tp_bf16comm").reference == "tp_fp32"
+
+
+@pytest.mark.timeout(120)
+def test_bad_tp_degree_is_one_line_at_suite_load(tmp_path: Any) -> None:
+    from tests.cli_util import commbench
+
+    for bad, shown in (("1", "training.tp_degree=1 is not valid"), ("-2", "training.tp_degree=-2 is not valid")):
+        suite = tmp_path / f"tp{bad}.toml"
+        suite.write_text(f'name = "tp"\n[training]\npolicies = ["tp_fp32"]\ntp_degree = {bad}\n')
+        proc = commbench("run", str(suite), "--nproc", "2", cwd=tmp_path, timeout=100)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and shown in lines[0], proc.stderr
+        assert not (tmp_path / "results").exists()  # nothing ran
