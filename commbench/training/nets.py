@@ -142,30 +142,26 @@ class GPTStage(nn.Module):
 
 
 class PipelineRank(nn.Module):
-    """This rank's part of a pipeline: its `GPTStage`, the `PipelineStage` and the schedule running it (built on the
-    first step, when the loss is known) and, under PP x DP, the stage's data-parallel group.
-
-    Data parallelism over the stage's replicas is DDP's arithmetic done after the schedule: one flat fp32 bucket of
-    the stage's gradients, all-reduced (`dist.all_reduce`, where the byte counter sees it) and divided by the group's
-    size, once per step. torch's DDP as the stage module does not survive the schedule's several backward passes
-    per step on this torch (2.13: its bucket rebuild asserts on the second step; with `static_graph` the last
-    stage skips its all-reduce)."""
+    """This rank's part of a pipeline: its stage module (`submod`: a DDP over the stage's data-parallel group under
+    PP x DP, else the `GPTStage` itself), the `PipelineStage` and the schedule running it (built on the first step,
+    when the loss is known)."""
 
     def __init__(
         self,
+        submod: nn.Module,
         stage: GPTStage,
         index: int,
         stages: int,
         microbatches: int,
         schedule: str,
         group: Any,
-        dp_group: Any,
         device: torch.device,
     ) -> None:
         super().__init__()
-        self.stage = stage
+        self.submod = submod
+        self._stage = [stage]  # not a second child: its parameters are submod's
         self.index, self.stages, self.microbatches, self.schedule_name = index, stages, microbatches, schedule
-        self.group, self.dp_group, self.device = group, dp_group, device
+        self.group, self.device = group, device
         self._schedule: Any = None
         self._loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self._scale = 1.0
@@ -184,17 +180,17 @@ class PipelineRank(nn.Module):
         scale: float,
         autocast: Callable[[], Any],
     ) -> torch.Tensor:
-        """One schedule step over `microbatches` micro-batches of (x, y), then the data-parallel all-reduce; the mean
-        micro-batch loss on the last stage (the full batch's mean loss: the micro-batches are equal), zero
-        elsewhere."""
+        """One schedule step over `microbatches` micro-batches of (x, y) (under PP x DP with DDP's gradient all-reduce
+        in the last micro-batch's backward); the mean micro-batch loss on the last stage (the full batch's mean loss:
+        the micro-batches are equal), zero elsewhere."""
         from torch.distributed import pipelining
 
         if self._schedule is None:
-            stage = pipelining.PipelineStage(self.stage, self.index, self.stages, self.device, group=self.group)
+            stage = pipelining.PipelineStage(self.submod, self.index, self.stages, self.device, group=self.group)
             cls = getattr(pipelining, self.schedule_name)
             self._schedule = cls(stage, n_microbatches=self.microbatches, loss_fn=self._scaled_loss)
         self._loss, self._scale = loss, scale
-        self.stage.ctx = autocast
+        self._stage[0].ctx = autocast
         losses: list[torch.Tensor] = []  # the schedule's own: one per micro-batch, on the last stage
         if self.index == 0:
             self._schedule.step(x)
@@ -202,22 +198,9 @@ class PipelineRank(nn.Module):
             self._schedule.step(target=y, losses=losses)
         else:
             self._schedule.step()
-        if self.dp_group is not None:
-            self._all_reduce_grads()
         if not losses:
             return torch.zeros((), device=self.device)
         return torch.stack([loss.detach() for loss in losses]).mean() / scale
-
-    def _all_reduce_grads(self) -> None:
-        import torch.distributed as dist
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-        grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.dp_group)
-        flat.div_(dist.get_world_size(self.dp_group))
-        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            g.copy_(reduced)
 
     def forward(self, *args: Any) -> Any:
         raise RuntimeError("a pipeline stage runs through its schedule (PipelineRank.step), not forward()")

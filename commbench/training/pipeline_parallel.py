@@ -5,8 +5,8 @@ Layout: a (dp, pp) mesh laid out row-major, so pipeline d is the consecutive ran
 rank d*pp+p) and the data-parallel group of stage p is the ranks p, pp+p, 2pp+p, ... The GPT is split by hand
 (`nets.GPTStage`): stage 0 holds the embeddings and the first n_layers/pp blocks, the last stage the last blocks, the
 final LayerNorm and the head. Each rank builds one `PipelineStage` and runs a `ScheduleGPipe` or `Schedule1F1B` of
-`microbatches` micro-batches; with dp > 1 the stage's gradients are then all-reduced over its data-parallel group
-once per step, DDP's arithmetic in one flat fp32 bucket (`nets.PipelineRank` says why not torch's DDP itself).
+`microbatches` micro-batches; with dp > 1 the stage module is a DDP over its data-parallel group, whose gradient
+all-reduce torch's pipelining runs once per step (no_sync on the other micro-batches).
 
 Bytes (Narayanan et al. 2021, section 2.2 / 3.3): per stage boundary per micro-batch of b samples of s tokens, the
 forward sends the b*s*h activation to the next stage and the backward sends its b*s*h gradient back, in the
@@ -16,7 +16,7 @@ does). Only sends are counted (op "send", bus factor 1 as nccl-tests' sendrecv):
 A pipeline of pp stages has pp - 1 boundaries, so over a step its ranks send 2 (pp - 1) M b s h elements
 (M micro-batches); stage 0 and the last stage send M b s h, the middle ones 2 M b s h. `comm_bytes` is the
 figure per rank averaged over the world (the world's total over its size): 2 (pp - 1) / pp * M * b*s*h * bytes.
-With dp > 1 each stage all-reduces its fp32 gradients over dp ranks once per step: on average over the ranks
+With dp > 1 each stage's DDP all-reduces its fp32 gradients over dp ranks once per step: on average over the ranks
 2 (dp - 1) / dp * 4 * Psi / pp bytes (every stage's Psi_p summed over the stages is Psi).
 
 What the formula needs beyond Psi: `Layout.tokens` = b*s, the tokens of ONE micro-batch as a pipeline computes
@@ -278,8 +278,23 @@ class PipelineParallel(Sharding):
         # Every rank creates every group (new_group is collective), then keeps its own.
         pipe_groups = [dist.new_group(list(range(d * pp, d * pp + pp))) for d in range(n // pp)]
         dp_groups = [dist.new_group(list(range(q, n, pp))) for q in range(pp)] if n > pp else []
-        return PipelineRank(stage, p, pp, self.microbatches, SCHEDULES[self.schedule], pipe_groups[rank // pp],
-                            dp_groups[p] if dp_groups else None, device)  # fmt: skip
+        submod: nn.Module = stage
+        if dp_groups:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            from torch.nn.parallel import DistributedDataParallel
+
+            from commbench.cluster.launch import device_ids
+
+            # find_unused_parameters: without it DDP's first-iteration bucket rebuild records every micro-batch's
+            # backward and asserts on the second step (torch 2.13; with static_graph the last stage skips its
+            # all-reduce); with it DDP rebuilds nothing and walks each forward's graph (no parameter is unused here).
+            ddp = DistributedDataParallel(
+                stage, device_ids=device_ids(device), process_group=dp_groups[p], find_unused_parameters=True
+            )
+            ddp.register_comm_hook(dp_groups[p], allreduce_hook)  # a Python hook: `dist.all_reduce`, counted
+            submod = ddp
+        return PipelineRank(submod, stage, p, pp, self.microbatches, SCHEDULES[self.schedule], pipe_groups[rank // pp],
+                            device)  # fmt: skip
 
     def pipeline_step(
         self,
