@@ -107,7 +107,7 @@ def test_training_config_is_typed_and_round_trips() -> None:
 def test_training_records_keep_the_csv_columns() -> None:
     assert TrainingSummary.TABLE == "training" and TrainingStep.TABLE == "training_steps"
     assert TrainingSummary.columns() == (
-        "policy", "family", "description", "comm_dtype", "model", "params", "world_size", "backend", "device",
+        "policy", "family", "parallelism", "reference_policy", "description", "comm_dtype", "model", "params", "world_size", "backend", "device",
         "steps", "warmup_steps", "step_time_us_p50", "step_time_us_p95", "step_time_us_ci_low",
         "step_time_us_ci_high", "samples_per_s", "tokens_per_s",
         "peak_mem_bytes", "peak_mem_kind", "model_state_bytes", "model_state_kind", "comm_bytes_per_step",

@@ -36,7 +36,7 @@ class TrainingConfig:
     tp_degree: int = count(
         0,
         "tensor-parallel degree of the tp_* policies (ranks per TP group; the rest of the world is data parallel); "
-        "0: the whole world",
+        "0: the whole world for the 1-D tp_* policies, half of it for the 2-D tp_dp_* ones",
         least=0,
     )
     pp_degree: int = count(
