@@ -37,8 +37,8 @@ STABLE_NAMES = [
     "fsdp2_bf16_fp32reduce", "fsdp2_bf16", "fsdp2_fp16_scaler", "hsdp_fp32", "hsdp_bf16_fp32reduce", "hsdp_bf16",
     "fsdp1_bf16",
     "zero1_fp32", "zero1_bf16", "zero2_fp32", "zero2_bf16", "zero3_fp32", "zero3_bf16",
-    "pp_gpipe_fp32", "pp_gpipe_bf16", "pp_1f1b_fp32", "pp_1f1b_bf16",
     "tp_fp32", "tp_bf16", "tp_bf16comm", "tp_sp_fp32", "tp_sp_bf16", "tp_sp_fp8", "tp_dp_fp32", "tp_dp_bf16",
+    "pp_gpipe_fp32", "pp_gpipe_bf16", "pp_1f1b_fp32", "pp_1f1b_bf16",
 ]  # fmt: skip
 TWO_D = {"tp_dp_fp32", "tp_dp_bf16"}  # TP x DP needs 4 ranks: at N = 2 a row that says why, nothing run
 

@@ -124,6 +124,10 @@ def load(*, builtins: bool = True, kind: str | None = None) -> list[Loaded]:
     made while the external plugins load (a plugin's import looking a registry up) loads built-ins only."""
     if builtins:
         for m in BUILTINS if kind is None else KINDS.get(kind, ()):
+            if m in _IMPORTING:
+                # a built-in whose import looks a registry up: the modules listed after it are loaded after it
+                # (by the call importing it), so registries keep the listed order
+                break
             _import(m, "builtin")
     if not _state["external"] and not _state["busy"]:
         _state["busy"] = True
