@@ -439,3 +439,20 @@ __all__ = [
     "HybridStrategy", "Optimizer", "Overlap", "PartitionedZeRO1", "PlanPrecision", "PlanStrategy", "Shape",
     "StateParts", "bucket_counts", "largest_piece", "step_bytes",
 ]  # fmt: skip
+
+
+def check_choices(
+    *, strategies: Any, precisions: Any, optimizer: str, attention: str, recompute: str
+) -> None:
+    """ValueError (one line naming the valid choices) for an unknown strategy, precision, optimizer, attention or
+    recompute: the plan and the search take the same names."""
+    for kind, names, valid in (("strategy", strategies, STRATEGIES), ("precision", precisions, PRECISIONS)):
+        if isinstance(names, str) or not names:
+            raise ValueError(f"give a list of {kind} names; valid: {', '.join(valid)}")
+        for name in names:
+            if name not in valid:
+                raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(valid)}")
+    for kind, name, table in (("optimizer", optimizer, OPTIMIZERS), ("attention", attention, ATTENTIONS),
+                              ("recompute", recompute, RECOMPUTES)):  # fmt: skip
+        if name not in table:
+            raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(table)}")

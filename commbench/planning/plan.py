@@ -39,6 +39,7 @@ from commbench.planning.options import (
     PlanStrategy,
     Shape,
     StateParts,
+    check_choices,
 )
 from commbench.planning.presets import MODELS, model_shape
 from commbench.planning.pricing import COLUMNS, StatedLinks, compute_time, price_option
@@ -104,7 +105,7 @@ def plan(
         attention=attention, recompute=recompute,
         kinds={"gated_mlp": gated_mlp, "norm_params": norm_params, "biases": biases, "tied_embeddings": tied_embeddings},
     )  # fmt: skip
-    cost: CostModel | StatedLinks | None = _load_model(model)
+    cost: CostModel | StatedLinks | None = load_model(model)
     if cost is None and gpu_obj is not None:
         cost = StatedLinks(gpu_obj.nvlink_gbps, gpu_obj.network_gbps, gpu_obj.source)
     compute_s, tokens = compute_time(shape, compute_ms, tflops, mfu)
@@ -289,18 +290,9 @@ def _validate(
         raise ValueError(f"params must be a positive number of parameters (e.g. 7e9), got {params!r}")
     if params > MAX_PARAMS:
         raise ValueError(f"params={params:g} is more than {MAX_PARAMS:g} parameters: not a model any cluster holds")
-    for kind, names, valid in (("strategy", strategies, STRATEGIES), ("precision", precisions, PRECISIONS)):
-        if isinstance(names, str) or not names:
-            raise ValueError(f"give a list of {kind} names; valid: {', '.join(valid)}")
-        for n in names:
-            if n not in valid:
-                raise ValueError(f"unknown {kind} {n!r}; valid: {', '.join(valid)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    if attention not in ATTENTIONS:
-        raise ValueError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTIONS)}")
-    if recompute not in RECOMPUTES:
-        raise ValueError(f"unknown recompute {recompute!r}; valid: {', '.join(RECOMPUTES)}")
+    check_choices(
+        strategies=strategies, precisions=precisions, optimizer=optimizer, attention=attention, recompute=recompute
+    )
     for name, x in (("device_memory", device_memory), ("compute_ms", compute_ms), ("tflops", tflops)):
         if x is not None and not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0):
             raise ValueError(f"{name} must be a positive number, got {x!r}")
@@ -334,7 +326,7 @@ def _validate(
     return shape, OPTIMIZERS[optimizer]
 
 
-def _load_model(model: CostModel | str | os.PathLike[str] | None) -> CostModel | None:
+def load_model(model: CostModel | str | os.PathLike[str] | None) -> CostModel | None:
     """The cost model given: as is, fitted to a run directory, or read from a model.json."""
     from commbench.planning.costmodel_io import read_model
     from commbench.planning.fitting import fit

@@ -113,7 +113,7 @@ def native_precision(dtype: str) -> str | None:
 
 # ----------------------------------------------------------------------------------------------- time
 @dataclass(slots=True)
-class _Priced:
+class Priced:
     time_s: float = 0.0
     low_s: float = 0.0
     high_s: float = 0.0
@@ -172,11 +172,11 @@ def _placement(g: GroupBytes, nodes: int, gpus_per_node: int) -> tuple[int, int,
     return (nodes if share else 1), gpus_per_node, max(share, 1)
 
 
-def _price(
+def price_group(
     model: CostModel | StatedLinks, g: GroupBytes, nodes: int, gpus_per_node: int, window: Any = None
-) -> _Priced:
+) -> Priced:
     """The group's communication per step, by overlap window (``window(op) -> name``; None: all "exposed")."""
-    out = _Priced()
+    out = Priced()
     if g.n < 2:
         return out
 
@@ -279,7 +279,7 @@ def comm_buffer_bytes(strat: PlanStrategy, policy: Policy, shape: Shape) -> floa
     return out
 
 
-def _split(level: str, gpus_per_node: int, nodes: int, total: float) -> tuple[float, float]:
+def split_by_link(level: str, gpus_per_node: int, nodes: int, total: float) -> tuple[float, float]:
     """(intra, inter) bytes of ``total`` bus bytes per rank of a group of kind ``level`` (see the module
     docstring)."""
     inter = total * inter_node_share(level, nodes, gpus_per_node)
@@ -369,7 +369,7 @@ def price_option(
     for g in groups:
         for key, v in g.by_op.items():
             by_op[f"{g.level}/{key}"] = v
-            a, e = _split(g.level, shape.gpus_per_node, shape.nodes, v)
+            a, e = split_by_link(g.level, shape.gpus_per_node, shape.nodes, v)
             intra, inter = intra + a, inter + e
     buffers = comm_buffer_bytes(strat, policy, shape)
     act = activation_bytes(shape, act_elem_bytes)
@@ -410,13 +410,13 @@ def price_option(
         "policy": f"{type(policy.sharding).__name__} / {type(policy.grad_comm).__name__}",
     }
     if cost is not None:
-        priced = [_price(cost, g, shape.nodes, shape.gpus_per_node, strat.overlap.window) for g in groups]
+        priced = [price_group(cost, g, shape.nodes, shape.gpus_per_node, strat.overlap.window) for g in groups]
         row.update(time_columns(priced, cost, compute_s, 1, tokens, overlap))
     return row
 
 
 def time_columns(
-    priced: list[_Priced], cost: CostModel | StatedLinks, micro_s: float, microbatches: int, tokens: float,
+    priced: list[Priced], cost: CostModel | StatedLinks, micro_s: float, microbatches: int, tokens: float,
     overlap: float | None, extra_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """The time columns of a row from its priced groups: comm time and interval, exposed comm, step time and its

@@ -53,13 +53,14 @@ from commbench.planning.options import (
     PlanPrecision,
     Shape,
     StateParts,
+    check_choices,
 )
 from commbench.planning.presets import MODELS, ModelShape, model_shape
 from commbench.planning.pricing import (
     StatedLinks,
-    _price,
-    _split,
     comm_buffer_bytes,
+    price_group,
+    split_by_link,
     step_flops_per_token,
     time_columns,
 )
@@ -246,7 +247,7 @@ def _option(
                 dp_intra += v * (1 - share)
         else:
             for v in by_op.values():
-                a, b = _split(grp.level, g, nodes, v)
+                a, b = split_by_link(grp.level, g, nodes, v)
                 dp_intra, dp_inter = dp_intra + a, dp_inter + b
         groups.append(grp)
     tp_b = _tp_bytes(m, tp, pp, tokens, prec, microbatches)
@@ -271,7 +272,7 @@ def _option(
     bubble_s = (pp - 1) * micro_s
     row.update(compute_s=micro_s * microbatches + bubble_s,
                bubble_fraction=(pp - 1) / (microbatches + pp - 1))  # fmt: skip
-    priced = [_price(cost, grp, nodes, g, strat.overlap.window) for grp in groups]
+    priced = [price_group(cost, grp, nodes, g, strat.overlap.window) for grp in groups]
     t = time_columns(priced, cost, micro_s, microbatches, float(dp * microbatches * tokens), None, bubble_s)
     t.pop("codec_time_s", None)
     row.update(t)
@@ -307,7 +308,7 @@ def search(
     option reaches the target), ranked: options that fit by tokens/s, then the others with the rule that rules each
     out. ``df.attrs``: "answer" (the first line to print), "per_count" (the best option per GPU count, one line
     each), "assumptions". ValueError for bad input."""
-    from commbench.planning.plan import _load_model
+    from commbench.planning.plan import load_model
 
     shape = model_shape(model_preset, **shape_fields)
     if shape is None:
@@ -317,16 +318,9 @@ def search(
     g = GPUS[gpu]
     if not (isinstance(mfu, (int, float)) and 0 < mfu <= 1):
         raise ValueError(f"mfu must be in (0, 1], got {mfu!r}")
-    for kind, names, valid in (("strategy", strategies, STRATEGIES), ("precision", precisions, PRECISIONS)):
-        for name in names:
-            if name not in valid:
-                raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(valid)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    if attention not in ATTENTIONS:
-        raise ValueError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTIONS)}")
-    if recompute not in RECOMPUTES:
-        raise ValueError(f"unknown recompute {recompute!r}; valid: {', '.join(RECOMPUTES)}")
+    check_choices(
+        strategies=strategies, precisions=precisions, optimizer=optimizer, attention=attention, recompute=recompute
+    )
     if (gpus is None) == (target_tokens_per_s is None):
         raise ValueError("give either GPU counts (--gpus 64,128) or a target (--target-tokens-per-s), not both")
     if gpus is not None:
@@ -340,7 +334,7 @@ def search(
     for name, v in (("micro_batch", micro_batch), ("global_batch_tokens", global_batch_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    loaded = _load_model(model)
+    loaded = load_model(model)
     cost: CostModel | StatedLinks = (
         loaded if loaded is not None else StatedLinks(g.nvlink_gbps, g.network_gbps, g.source)
     )
