@@ -353,10 +353,20 @@ def check_native(
             rep.fail(f"{p}: no fp8_native rows and no note saying it was skipped (metadata and console)")
 
 
-def check_training(rep: StepReport, df: pd.DataFrame, policies: Sequence[str], mem_kind: str) -> None:
-    """Every policy stepped: no error, memory measured by ``mem_kind`` and positive, finite loss and drifts."""
+def check_training(
+    rep: StepReport,
+    df: pd.DataFrame,
+    policies: Sequence[str],
+    mem_kind: str,
+    layout_skips: Mapping[str, str] | None = None,
+) -> None:
+    """Every policy stepped: no error, memory measured by ``mem_kind`` and positive, finite loss and drifts. A
+    policy in ``layout_skips`` (name -> why the world cannot form its layout: pipeline stages or TP x DP in a
+    1-rank world) must instead have its one-line skip row naming that reason, and nothing else."""
+    skips = dict(layout_skips or {})
     rep.fig("policies_expected", len(policies))
     rep.fig("policies_recorded", len(df))
+    rep.fig("policies_skipped_by_layout", len(skips))
     by_policy = {str(p): row for p, (_, row) in zip(df["policy"], df.iterrows(), strict=True)} if len(df) else {}
     worst_loss_drift, worst_grad_drift = 0.0, 0.0
     for p in policies:
@@ -365,6 +375,10 @@ def check_training(rep: StepReport, df: pd.DataFrame, policies: Sequence[str], m
             rep.fail(f"{p}: no training row")
             continue
         err = row.get("error")
+        if p in skips:
+            said = err.strip() if isinstance(err, str) else ""
+            rep.check(skips[p] in said, f"{p}: expected the layout skip {skips[p]!r}, got error {said!r}")
+            continue
         if isinstance(err, str) and err.strip():
             rep.fail(f"{p}: raised {err.strip()}")
         kind = row.get("peak_mem_kind")
@@ -1021,7 +1035,24 @@ def step_training(ctx: Context, rep: StepReport) -> None:
     except Exception as e:  # noqa: BLE001
         rep.fail(f"cannot read the run directory: {e}")
         return
-    check_training(rep, df, list_policies(), "cuda_allocator")
+    check_training(rep, df, list_policies(), "cuda_allocator", layout_skips(TRAINING_TOML, world_size=1))
+
+
+def layout_skips(suite_toml: str, world_size: int) -> dict[str, str]:
+    """Policy name -> why a world of ``world_size`` ranks cannot form its layout (asked of each policy's sharding,
+    as the runner asks it), for the training table of ``suite_toml``."""
+    import tomllib
+
+    from commbench.training.config import TrainingConfig
+    from commbench.training.policies import get_policy
+
+    section = TrainingConfig.from_dict(tomllib.loads(suite_toml)["training"])
+    out: dict[str, str] = {}
+    for name in section.policies:
+        reason = get_policy(name).configure(section).sharding.layout_error(world_size, 1)
+        if reason:
+            out[name] = reason
+    return out
 
 
 STEPS: dict[str, Callable[[Context, StepReport], None]] = {

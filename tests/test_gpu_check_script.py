@@ -362,6 +362,30 @@ def test_check_training() -> None:
     assert rep.failures == ["zero3_bf16: no training row"]
 
 
+def test_training_layout_skips_of_a_one_rank_world() -> None:
+    # One GPU is a 1-rank NCCL world: every pipeline policy and the 2-D TP x DP ones cannot form their layout and
+    # must say so in one line; the 1-D TP ones run (TP over one rank), as do all data-parallel ones.
+    skips = gc.layout_skips(gc.TRAINING_TOML, world_size=1)
+    from commbench.training.policies import list_policies
+
+    names = list_policies()
+    assert {p for p in names if p.startswith("pp_")} | {"tp_dp_fp32", "tp_dp_bf16"} == set(skips)
+    assert all(reason for reason in skips.values())
+    frame = training_frame()
+    rows = [{"policy": p, "error": f"{p} skipped: {why}"} for p, why in skips.items()]
+    df = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
+    rep = gc.StepReport("training")
+    gc.check_training(rep, df, ["fp32", "fp8_hook", *skips], "cuda_allocator", skips)
+    assert rep.ok, rep.failures
+    assert rep.figures["policies_skipped_by_layout"] == len(skips)
+    # a skipped policy whose row says something else (it ran and failed) is a failure
+    p = next(iter(skips))
+    bad = df.assign(error=df["error"].where(df["policy"] != p, "RuntimeError: boom"))
+    rep = gc.StepReport("training")
+    gc.check_training(rep, bad, ["fp32", "fp8_hook", *skips], "cuda_allocator", skips)
+    assert len(rep.failures) == 1 and rep.failures[0].startswith(f"{p}: expected the layout skip")
+
+
 def test_copy_fraction_uses_read_plus_write_bytes() -> None:
     n = 1000
     # copy: 8n bytes in 1 s; encode 5n bytes in 2 s, decode 5n bytes in 3 s: 10n bytes in 5 s
