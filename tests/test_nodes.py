@@ -84,14 +84,17 @@ def test_node_layout_from_host_names() -> None:
 
 
 def test_nics_read_speeds_where_readable(tmp_path: Path) -> None:
-    for name, speed in (("eth0", "100000"), ("lo", None), ("veth1", "-1")):
+    # a fake /sys/class/net: eth0 has a device behind it (a physical NIC), lo and veth1 do not; veth1 is down
+    for name, speed, state in (("eth0", "100000", "up"), ("lo", None, "unknown"), ("veth1", "-1", "down")):
         (tmp_path / name).mkdir()
+        (tmp_path / name / "operstate").write_text(state + "\n")
         if speed is not None:
             (tmp_path / name / "speed").write_text(speed + "\n")
-    assert nics(tmp_path) == [
-        {"name": "eth0", "speed_mbps": 100000},
-        {"name": "lo", "speed_mbps": None},
-        {"name": "veth1", "speed_mbps": None},
+    (tmp_path / "eth0" / "device").mkdir()
+    assert nics(tmp_path, shaped={"veth1": 200.0}) == [
+        {"name": "eth0", "speed_mbps": 100000, "virtual": False, "up": True, "shaped_mbps": None},
+        {"name": "lo", "speed_mbps": None, "virtual": True, "up": True, "shaped_mbps": None},
+        {"name": "veth1", "speed_mbps": None, "virtual": True, "up": False, "shaped_mbps": 200.0},
     ]
     assert nics(tmp_path / "missing") == []
 
