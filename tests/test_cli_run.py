@@ -402,7 +402,7 @@ def test_console_fits_80_and_100_columns() -> None:
     first, *rest = line.splitlines()
     assert len(first) <= 100
     assert "37.9 ms [30.0-45.1] 0.80x*" in first and "mem 13.6 MiB" in first and "comm 463 KiB/step" in first
-    assert rest and "slower here: CPU autocast bfloat16: emulated here" in " ".join(rest)
+    assert rest and "slower here; notes: CPU autocast bfloat16: emulated here" in " ".join(rest)
     # not significantly slower: no machine note (claims only when significant)
     calm = training_line({"policy": "amp_bf16", "step_time_us_p50": 1e4, "speedup_vs_fp32": 0.9,
                           "speedup_significant": False, "notes": "CPU autocast"})  # fmt: skip

@@ -222,7 +222,7 @@ def training_line(row: Mapping[str, Any]) -> str:
     if row.get("warnings"):
         lines += comment(f"WARN {row['warnings']}", indent="  ")
     if sig is True and s < 1 and row.get("notes"):
-        lines += comment(f"slower here: {row['notes']}", indent="  ")
+        lines += comment(f"slower here; notes: {row['notes']}", indent="  ")
     return "\n".join(lines)
 
 
