@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from commbench.cluster.launch import detect_world, first_slurm_host
+from commbench.cluster.launch import detect_world, first_slurm_host, slurm_local_tasks, slurm_tasks_per_node
 from commbench.core.suite import load_suite, suite_from_dict
 from commbench.core.units import format_size, parse_size, size_grid
 from commbench.measure.collectives import COLLECTIVES, get_collective
@@ -133,6 +133,14 @@ def test_detect_world_variants() -> None:
     s = detect_world({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "n[10-13]", "SLURM_NTASKS_PER_NODE": "4(x4)", "SLURM_JOB_ID": "77"})
     assert s is not None and (s.rank, s.world_size, s.local_rank, s.local_world_size, s.master_addr, s.launcher) == (5, 16, 1, 4, "n10", "slurm")
     assert detect_world({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a single-task allocation spawns locally
+    # `srun -n 7 -N 2`: 4 tasks on node 0, 3 on node 1 (Slurm's compressed list); each node its own count
+    uneven = {"SLURM_NTASKS": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "4,3"}
+    for procid, node, local in (("2", "0", 4), ("5", "1", 3)):
+        u = detect_world({**uneven, "SLURM_PROCID": procid, "SLURM_NODEID": node})
+        assert u is not None and u.local_world_size == local
+    spec = {"SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}
+    assert [slurm_local_tasks({**spec, "SLURM_NODEID": str(i)}) for i in range(4)] == [2, 2, 2, 1]
+    assert slurm_tasks_per_node("2(x3),1") == [2, 2, 2, 1] and slurm_tasks_per_node("x") == []
     m = detect_world({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h1"})
     assert m is not None and (m.rank, m.world_size, m.local_world_size, m.launcher) == (2, 4, 2, "mpi")
     with pytest.raises(ValueError, match="MASTER_ADDR"):

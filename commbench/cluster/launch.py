@@ -87,8 +87,7 @@ def detect_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
         addr = env.get("MASTER_ADDR") or (first_slurm_host(nodelist) if nodelist else None)
         if not addr:
             raise ValueError("Slurm world without SLURM_JOB_NODELIST or MASTER_ADDR: cannot find the rendezvous host")
-        tasks_per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_STEP_TASKS_PER_NODE", "1")
-        local_size = int(re.match(r"\d+", tasks_per_node).group(0)) if re.match(r"\d+", tasks_per_node) else 1  # type: ignore[union-attr]
+        local_size = slurm_local_tasks(env)
         job = _int(env, "SLURM_JOB_ID", 0)
         return WorldInfo(
             rank=_int(env, "SLURM_PROCID"),
@@ -121,6 +120,32 @@ def detect_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
                 launcher="mpi",
             )
     return None
+
+
+def slurm_tasks_per_node(spec: str) -> list[int]:
+    """Slurm's compressed tasks-per-node list (``SLURM_STEP_TASKS_PER_NODE``: ``2(x3),1`` is 2, 2, 2, 1), one count
+    per node in node order; [] where it does not read as one."""
+    out: list[int] = []
+    for item in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if m is None:
+            return []
+        out.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return out
+
+
+def slurm_local_tasks(env: Mapping[str, str]) -> int:
+    """Tasks of this Slurm step on this node: this node's entry (``SLURM_NODEID``) of the step's tasks per node,
+    which differ between nodes when the tasks do not divide evenly (``srun -n 7 -N 2``: 4 and 3); else
+    ``SLURM_NTASKS_PER_NODE`` (set by ``--ntasks-per-node``, the same on every node); else 1."""
+    per_node = slurm_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE", ""))
+    node = env.get("SLURM_NODEID", "")
+    if per_node and node.isdigit() and int(node) < len(per_node):
+        return per_node[int(node)]
+    if per_node and not env.get("SLURM_NTASKS_PER_NODE"):
+        return per_node[0]
+    m = re.match(r"\d+", env.get("SLURM_NTASKS_PER_NODE", ""))
+    return int(m.group(0)) if m else 1
 
 
 def _mpi_job_port(env: Mapping[str, str]) -> int:
