@@ -194,10 +194,11 @@ def test_inter_node_groups_priced_by_the_link_rule() -> None:
     n = nodes * g
     psi = float(n * 2**20)
     df = plan(params=psi, nodes=nodes, gpus_per_node=g, strategies=["ddp", "hsdp"], precisions=["bf16"], model=link)
-    # HSDP: intra FSDP (all_gather + reduce_scatter, one unit: one call each) and g replica groups of `nodes`
-    # ranks all-reducing at once: each gets 1/g of the node link
+    # HSDP: intra FSDP over one resharded unit (all_gather in forward and again in backward: 2 calls of the unit,
+    # reduce_scatter: 1 call) and g replica groups of `nodes` ranks all-reducing at once: each gets 1/g of the
+    # node link
     h = row(df, "hsdp", "bf16")
-    intra = ALPHA * (g - 1) * 2 + BETA * h["comm_bytes_intra"]
+    intra = ALPHA * (g - 1) * (2 + 1) + BETA * h["comm_bytes_intra"]
     inter = ALPHA * 2 * (nodes - 1) + g * BETA * h["comm_bytes_inter"]
     assert h["comm_time_s"] == pytest.approx(intra + inter, rel=1e-9)
     # DDP across nodes: the flat ring over all n ranks is bound by the same link (its bytes per rank cross each

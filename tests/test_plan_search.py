@@ -165,3 +165,31 @@ def test_tokens_and_days_are_a_target(tmp_path: Path, capsys: pytest.CaptureFixt
     assert capsys.readouterr().out.startswith(f"llama2-7b at {target / 1e6:.3g} M tokens/s: ")
     assert cli.main([*argv, "--train-tokens", "2e11"]) == 2
     assert "--train-tokens and --days go together" in capsys.readouterr().err
+
+
+def test_calls_keep_their_size_per_pass_and_per_micro_batch() -> None:
+    # A sharding that communicates per unit: calls = passes over the units x units, read off the bytes. Units of
+    # 3 and 5 elements on n = 4 ranks: one pass of an all_gather in bf16 moves (n-1)/n * 8 * 2 bytes.
+    from commbench.planning.options import GroupBytes, Overlap, unit_passes
+    from commbench.planning.search import _per_micro_batch_apart
+
+    n, numels = 4, [3, 5]
+    one_ag = 3 / 4 * 8 * 2  # bus bytes of all_gather over both units once, bf16
+    one_rs = 3 / 4 * 8 * 4  # reduce_scatter, fp32
+    by_op = {"all_gather:bfloat16": 2 * one_ag, "reduce_scatter:float": one_rs, "all_reduce:float": 4 * 2 * 3 / 4}
+    assert unit_passes(by_op, numels, n) == {
+        "all_gather:bfloat16": 2 * 2,  # gathered in forward and again in backward: 2 passes x 2 units
+        "reduce_scatter:float": 2,  # once per unit
+        "all_reduce:float": 1,  # a found-inf flag: less than a pass, one call
+    }
+    # repeated every micro-batch (FSDP's all-gathers under gradient accumulation): 4x the bytes and 4x the calls,
+    # so each call keeps its size; the once-per-step reduce_scatter is its own group, unchanged
+    grp = GroupBytes("world", n, by_op, 2, calls_by_op=unit_passes(by_op, numels, n))
+    parts = _per_micro_batch_apart([grp], Overlap(("reduce_scatter",), ("all_gather",)), 4)
+    repeated = next(p for p in parts if "all_gather:bfloat16" in p.by_op)
+    once = next(p for p in parts if "reduce_scatter:float" in p.by_op)
+    assert repeated.by_op == {"all_gather:bfloat16": 4 * 2 * one_ag}
+    assert repeated.calls_by_op["all_gather:bfloat16"] == 4 * 4
+    per_call_before = 2 * one_ag / 4
+    assert repeated.by_op["all_gather:bfloat16"] / repeated.calls_by_op["all_gather:bfloat16"] == per_call_before
+    assert once.by_op == {"reduce_scatter:float": one_rs, "all_reduce:float": 6.0} and once.calls == 2

@@ -249,6 +249,9 @@ class GroupBytes:
     """With ``nodes``: groups of this kind crossing each node's link at once (each gets 1/concurrent of it)."""
     window_ops: dict[str, str] = field(default_factory=dict)
     """Overlap window by "op:dtype" when the group's strategy is not the plan strategy's (TP, PP: "exposed")."""
+    calls_by_op: dict[str, int] = field(default_factory=dict)
+    """Calls per step of an "op:dtype" where they differ from ``calls``: a unit resharded after forward is
+    all-gathered twice per step (forward and backward), so twice ``calls`` calls of one unit's size."""
 
 
 class PlanStrategy(ABC):
@@ -293,10 +296,40 @@ def largest_piece(policy: Policy, shape: Shape, n: int) -> int:
     return max((size for size, _ in _buckets(shape)), default=0)
 
 
+def unit_passes(by_op: dict[str, float], unit_numels: list[int], n: int) -> dict[str, int]:
+    """Calls per step of each "op:dtype" of a sharding that communicates per unit, read off its bytes: how many
+    times the op passes over all units (bus bytes over those of one call per unit in that dtype: 2 for the
+    all-gathers of units resharded after forward, 1 for ZeRO-2's and for the gradient reduce-scatter) times the
+    units. An op smaller than one pass (a loss scaler's found-inf flag) is one call."""
+    from commbench.measure.precision import torch_dtype as dtype_of
+
+    out: dict[str, int] = {}
+    for key, bus in by_op.items():
+        op, dtype = key.split(":", 1)
+        try:
+            itemsize = dtype_of(dtype).itemsize
+        except (KeyError, ValueError):
+            continue
+        one_pass = bus_factor(op, n) * sum(unit_numels) * itemsize
+        passes = round(bus / one_pass) if one_pass > 0 else 0
+        out[key] = passes * len(unit_numels) if passes >= 1 else 1
+    return out
+
+
+def unit_calls(policy: Policy, shape: Shape, n: int, by_op: dict[str, float]) -> dict[str, int]:
+    """Calls per step by "op:dtype" of a sharding that communicates per unit (:func:`unit_passes` over the
+    layout's units); {} for a bucketed one (one call per bucket, every op)."""
+    layout = shape.layout()
+    if not _sharded_units(policy, layout, n):
+        return {}
+    numels = [sum(math.prod(s) for s in u.shapes) for u in layout.units] or [int(shape.psi)]
+    return unit_passes(by_op, numels, n)
+
+
 def step_bytes(policy: Policy, shape: Shape, n: int) -> tuple[dict[str, float], int, dict[str, float]]:
     """(bus bytes by "op:dtype", calls per "op:dtype", the DDP hook's own bytes) of one step on ``n`` ranks, asked of
     the policy. Bucketed (DDP) bytes are asked once per distinct bucket size and multiplied by the count (every byte
-    formula is a sum over buckets), so any Psi answers in O(1)."""
+    formula is a sum over buckets), so any Psi answers in O(1). Per-unit calls that differ by op: :func:`unit_calls`."""
     layout = shape.layout()
     if _sharded_units(policy, layout, n):
         return policy.comm_bytes(psi=shape.psi, world_size=n, layout=layout), max(len(layout.units), 1), {}
@@ -343,7 +376,8 @@ class FlatStrategy(PlanStrategy):
         n = shape.world_size
         by_op, calls, hook_bytes = step_bytes(policy, shape, n)
         hook = policy.grad_comm if policy.sharding.takes_hooks else None
-        return [GroupBytes("world", n, by_op, calls, hook, shape.psi if hook else 0.0, hook_bytes)]
+        return [GroupBytes("world", n, by_op, calls, hook, shape.psi if hook else 0.0, hook_bytes,
+                           calls_by_op=unit_calls(policy, shape, n, by_op))]  # fmt: skip
 
     def state_bytes(self, policy: Policy, shape: Shape, state: ModelState) -> float:
         return policy.state_bytes(psi=shape.psi, world_size=shape.world_size, state=state)
@@ -396,7 +430,8 @@ class HybridStrategy(PlanStrategy):
             key = f"all_reduce:{dtype_name(u.reduce_dtype_name)}"
             inter = merge_bytes(inter, {key: bus_factor("all_reduce", shape.nodes) * u.shard_numel * u.reduce_dtype.itemsize})
         calls = max(len(layout.units), 1)
-        return [GroupBytes("intra", g, intra, calls), GroupBytes("inter", shape.nodes, inter, calls)]
+        return [GroupBytes("intra", g, intra, calls, calls_by_op=unit_calls(policy, shape, g, intra)),
+                GroupBytes("inter", shape.nodes, inter, calls)]  # fmt: skip
 
     def state_bytes(self, policy: Policy, shape: Shape, state: ModelState) -> float:
         return policy.state_bytes(psi=shape.psi, world_size=shape.gpus_per_node, state=state)
@@ -437,7 +472,7 @@ STRATEGIES: dict[str, PlanStrategy] = {
 __all__ = [
     "BACKWARD_SHARE", "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "TORCH_ADAMW", "FlatStrategy", "GroupBytes",
     "HybridStrategy", "Optimizer", "Overlap", "PartitionedZeRO1", "PlanPrecision", "PlanStrategy", "Shape",
-    "StateParts", "bucket_counts", "largest_piece", "step_bytes",
+    "StateParts", "bucket_counts", "largest_piece", "step_bytes", "unit_calls", "unit_passes",
 ]  # fmt: skip
 
 

@@ -20,9 +20,9 @@ is computed:
   inter-node and ``(g-1)/g`` intra-node (zero inter-node bytes on one node); a group within a node is all intra,
   one rank per node all inter.
 * time, from a fitted :class:`commbench.planning.costmodel.CostModel`: each "op:dtype" is priced by the fit of
-  (op, the precision the registry runs natively in that dtype, group) as ``calls`` calls of equal size (DDP: one
-  per bucket; FSDP: one per unit; a resharded unit's two all-gathers count as one call of twice the size: one
-  latency short). A DDP gradient hook's bytes are priced as the all_reduce of the hook's wire precision (the sweep
+  (op, the precision the registry runs natively in that dtype, group) as calls of equal size (DDP: one per
+  bucket; FSDP: one per unit and pass, so a unit resharded after forward is two all-gathers of its size,
+  :func:`commbench.planning.options.unit_calls`). A DDP gradient hook's bytes are priced as the all_reduce of the hook's wire precision (the sweep
   measures the same chunked algorithm for a codec, encode and decode included). A group is priced by its own
   kind's fit, else by any fit that measured the same link (across nodes: a ``world`` fit across nodes, any ranks
   per node, or the ``inter`` fit; within a node: the ``intra`` fit or a ``world`` fit on one node), with ``n`` all
@@ -200,11 +200,11 @@ def price_group(
         level, lay_nodes, lay_g = g.level, nodes, gpus_per_node
         layout = {"nodes": nodes if share else 1, "concurrent": max(share, 1)}
     rest = dict(g.by_op)
-    calls_keys: list[tuple[str, str, dict[str, float], str]] = []
+    calls_keys: list[tuple[str, str, dict[str, float], str, int]] = []
     if g.hook is not None:
         for k, v in g.hook_bytes.items():
             rest[k] = rest.get(k, 0.0) - v
-        calls_keys.append(("all_reduce", g.hook.wire, {"fp32_bytes": 4.0 * g.hook_psi}, win("all_reduce:hook")))
+        calls_keys.append(("all_reduce", g.hook.wire, {"fp32_bytes": 4.0 * g.hook_psi}, win("all_reduce:hook"), g.calls))
     for key, bus in rest.items():
         if bus <= 1e-9 * max(sum(g.by_op.values()), 1.0):
             continue
@@ -214,10 +214,10 @@ def price_group(
             out.missing.append(f"no precision runs {op} in {dtype}")
             continue
         f = bus_factor(op, g.n)
-        calls_keys.append((op, prec, {"nbytes": bus / f if f else 0.0}, win(key)))
-    for coll, prec, size, w in calls_keys:
+        calls_keys.append((op, prec, {"nbytes": bus / f if f else 0.0}, win(key), g.calls_by_op.get(key, g.calls)))
+    for coll, prec, size, w, calls in calls_keys:
         grp, note = _group_for(model, coll, prec, level, lay_nodes, lay_g)
-        per_call: dict[str, Any] = {k: v / g.calls for k, v in size.items()}
+        per_call: dict[str, Any] = {k: v / calls for k, v in size.items()}
         if grp is None:  # named with the command that measures it (issue 25)
             hint = measure_command(coll, prec, level, nodes=nodes, gpus_per_node=gpus_per_node, **per_call)
             out.missing.append(f"{note}; {hint}")
@@ -226,8 +226,8 @@ def price_group(
             out.notes.append(note)
         p = model.predict(coll, prec, world_size=g.n, group=grp, **layout, **per_call)
         # summed as if fully correlated: the wider, honest interval
-        out.add(w, p.total_s * g.calls, p.total_low_s * g.calls, p.total_high_s * g.calls)
-        out.codec_s += (p.encode_s + p.decode_s) * g.calls
+        out.add(w, p.total_s * calls, p.total_low_s * calls, p.total_high_s * calls)
+        out.codec_s += (p.encode_s + p.decode_s) * calls
         out.extrapolated |= p.extrapolated
         # a price read off the measured points has no warning; a fitted one says why and how far it reaches
         out.notes.extend(f"{coll}/{prec}/{grp}: {x}" for x in p.warnings)

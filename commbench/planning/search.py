@@ -234,10 +234,8 @@ def _option(
     span = -(-tp * dp // g) if tp * dp > g else 1
     groups: list[GroupBytes] = []
     dp_intra = dp_inter = 0.0
-    for grp in strat.groups(policy, shape):
-        by_op = {k: v * (microbatches if strat.overlap.window(k.split(":", 1)[0]) == "micro_batch" else 1)
-                 for k, v in grp.by_op.items()}  # fmt: skip
-        grp = replace(grp, by_op=by_op)
+    for grp in _per_micro_batch_apart(strat.groups(policy, shape), strat.overlap, microbatches):
+        by_op = grp.by_op
         if not hybrid:
             grp = replace(grp, nodes=span, concurrent=tp if span > 1 else 1)
             per_node = max(dp // span, 1)
@@ -282,6 +280,26 @@ def _option(
     if total > s.device_memory:
         row["ruled_out"] = f"does not fit: {total / 1e9:.1f} GB > {s.device_memory / 1e9:.1f} GB"
     return row
+
+
+def _per_micro_batch_apart(groups: Sequence[GroupBytes], overlap: Any, microbatches: int) -> list[GroupBytes]:
+    """The strategy's groups with the collectives repeated every micro-batch (``overlap.window(op) ==
+    "micro_batch"``: FSDP/ZeRO-3's parameter all-gathers) in a group of their own, whose bytes and calls are both
+    ``microbatches`` times one step's: a call keeps its size (what the cost model prices it at), only their number
+    grows. The rest (and a DDP hook's bytes) stays once per step."""
+    out: list[GroupBytes] = []
+    for grp in groups:
+        repeated = {k: v for k, v in grp.by_op.items() if overlap.window(k.split(":", 1)[0]) == "micro_batch"}
+        once = {k: v for k, v in grp.by_op.items() if k not in repeated}
+        if repeated and microbatches > 1:
+            out.append(replace(grp, by_op={k: v * microbatches for k, v in repeated.items()},
+                               calls=grp.calls * microbatches, hook=None, hook_psi=0.0, hook_bytes={},
+                               calls_by_op={k: grp.calls_by_op.get(k, grp.calls) * microbatches for k in repeated}))  # fmt: skip
+            if once:
+                out.append(replace(grp, by_op=once))
+        else:
+            out.append(grp)
+    return out
 
 
 def search(
