@@ -677,8 +677,8 @@ def cmd_plan(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _cmd_search(args: argparse.Namespace, model: Path | None, shape: dict[str, int | None]) -> int:
     """``plan --gpus`` / ``--target-tokens-per-s``: the 3-D search (commbench.planning.search)."""
-    from commbench.planning.plan_render import write_search
-    from commbench.planning.search import format_search, search
+    from commbench.planning.plan_render import format_search, write_search
+    from commbench.planning.search import search
 
     for flag, v in (("--params", args.params), ("--compute-ms", args.compute_ms), ("--tflops", args.tflops),
                     ("--overlap", args.overlap)):  # fmt: skip

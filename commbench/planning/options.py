@@ -301,13 +301,11 @@ def unit_passes(by_op: dict[str, float], unit_numels: list[int], n: int) -> dict
     times the op passes over all units (bus bytes over those of one call per unit in that dtype: 2 for the
     all-gathers of units resharded after forward, 1 for ZeRO-2's and for the gradient reduce-scatter) times the
     units. An op smaller than one pass (a loss scaler's found-inf flag) is one call."""
-    from commbench.measure.precision import torch_dtype as dtype_of
-
     out: dict[str, int] = {}
     for key, bus in by_op.items():
         op, dtype = key.split(":", 1)
         try:
-            itemsize = dtype_of(dtype).itemsize
+            itemsize = torch_dtype(dtype).itemsize
         except (KeyError, ValueError):
             continue
         one_pass = bus_factor(op, n) * sum(unit_numels) * itemsize

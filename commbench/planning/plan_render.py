@@ -83,18 +83,29 @@ def fig_step(df: pd.DataFrame) -> Any:
     return fig
 
 
+def _ms_interval(low_s: pd.Series, high_s: pd.Series) -> list[str]:
+    """A time interval in seconds as console text in ms, "-" where it is unpriced."""
+    return ["-" if pd.isna(a) else f"{a * 1e3:.4g}-{b * 1e3:.4g}" for a, b in zip(low_s, high_s, strict=True)]
+
+
+def _output_paths(out: str | os.PathLike[str], stem: str) -> dict[str, Path]:
+    """``out/<stem>.csv|md|html`` with ``out/plots`` created; ValueError (one line) where it cannot be."""
+    d = Path(out)
+    try:
+        (d / "plots").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"output directory {d} cannot be created: {e.strerror or e}") from None
+    return {"csv": d / f"{stem}.csv", "md": d / f"{stem}.md", "html": d / f"{stem}.html"}
+
+
 def write_plan(df: pd.DataFrame, out: str | os.PathLike[str], device_memory: float | None = None) -> dict[str, Path]:
     """``out/plan.csv``, ``plan.md``, ``plan.html`` and ``plots/plan_*.png|svg``; returns the paths."""
     from commbench.views.plots import save_figure
     from commbench.views.render import render_html, render_markdown
     from commbench.views.tables import Table, frame_table
 
-    d = Path(out)
-    try:
-        (d / "plots").mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"output directory {d} cannot be created: {e.strerror or e}") from None
-    paths = {"csv": d / "plan.csv", "md": d / "plan.md", "html": d / "plan.html"}
+    paths = _output_paths(out, "plan")
+    d = paths["csv"].parent
     df.to_csv(paths["csv"], index=False)
     figures = []
     if not df.empty:
@@ -185,10 +196,7 @@ def format_plan(df: pd.DataFrame) -> str:
             "comm_GB": df["comm_bytes_per_step"] / 1e9,
             "inter_GB": df["comm_bytes_inter"] / 1e9,
             "comm_ms": df["comm_time_s"] * 1e3,
-            "comm_ms_95%": [
-                "-" if pd.isna(a) else f"{a * 1e3:.4g}-{b * 1e3:.4g}"
-                for a, b in zip(df["comm_time_low_s"], df["comm_time_high_s"], strict=True)
-            ],
+            "comm_ms_95%": _ms_interval(df["comm_time_low_s"], df["comm_time_high_s"]),
             "step_ms": df["step_time_s"] * 1e3,
             "tokens/s": df["tokens_per_s"],
         }
@@ -230,12 +238,8 @@ def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Pat
     from commbench.views.render import render_html, render_markdown
     from commbench.views.tables import Table, frame_table
 
-    d = Path(out)
-    try:
-        (d / "plots").mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"output directory {d} cannot be created: {e.strerror or e}") from None
-    paths = {"csv": d / "search.csv", "md": d / "search.md", "html": d / "search.html"}
+    paths = _output_paths(out, "search")
+    d = paths["csv"].parent
     df.to_csv(paths["csv"], index=False)
     view = df.copy()
     for c in [c for c in view.columns if c.endswith("_bytes")]:
@@ -272,4 +276,38 @@ def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Pat
     return paths
 
 
-__all__ = ["MEM_PARTS", "answer_line", "fig_memory", "fig_search", "fig_step", "format_plan", "warnings", "write_plan", "write_search"]
+
+
+def format_search(df: pd.DataFrame, top: int = 12) -> str:
+    """The console view: the answer first, the best per GPU count, the top options, what ruled the rest out."""
+    lines = [df.attrs.get("answer", "")]
+    lines += [f"  {x}" for x in df.attrs.get("per_count", [])]
+    ok = df[df["ruled_out"] == ""].head(top)
+    if not ok.empty:
+        view = pd.DataFrame(
+            {
+                "rank": ok["rank"],
+                "gpus": ok["gpus"],
+                "tp x pp x dp": ok["tp"].astype(str) + "x" + ok["pp"].astype(str) + "x" + ok["dp"].astype(str),
+                "option": ok["strategy"] + "/" + ok["precision"],
+                "mem_GB": ok["mem_total_bytes"] / 1e9,
+                "m": ok["microbatches"],
+                "comm_ms": ok["comm_time_s"] * 1e3,
+                "comm_ms_95%": _ms_interval(ok["comm_time_low_s"], ok["comm_time_high_s"]),
+                "exposed_ms": ok["exposed_comm_s"] * 1e3,
+                "step_s": ok["step_time_s"],
+                "Mtok/s": ok["tokens_per_s"] / 1e6,
+            }
+        )  # fmt: skip
+        lines.append(view.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
+    out = df[df["ruled_out"] != ""]
+    if not out.empty:
+        reasons = out["ruled_out"].str.replace(r"\d+(\.\d+)? GB > .*", "N GB > device", regex=True).value_counts()
+        lines.append(f"# {len(out)} ruled out: " + "; ".join(f"{k} ({v})" for k, v in reasons.items()))
+    return "\n".join(lines)
+
+
+__all__ = [
+    "MEM_PARTS", "answer_line", "fig_memory", "fig_search", "fig_step", "format_plan", "format_search", "warnings",
+    "write_plan", "write_search",
+]  # fmt: skip

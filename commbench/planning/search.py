@@ -504,36 +504,4 @@ def _answers(
     return {"answer": answer, "per_count": per_count, "assumptions": assumptions, "setting": s}
 
 
-def format_search(df: pd.DataFrame, top: int = 12) -> str:
-    """The console view: the answer first, the best per GPU count, the top options, what ruled the rest out."""
-    lines = [df.attrs.get("answer", "")]
-    lines += [f"  {x}" for x in df.attrs.get("per_count", [])]
-    ok = df[df["ruled_out"] == ""].head(top)
-    if not ok.empty:
-        view = pd.DataFrame(
-            {
-                "rank": ok["rank"],
-                "gpus": ok["gpus"],
-                "tp x pp x dp": ok["tp"].astype(str) + "x" + ok["pp"].astype(str) + "x" + ok["dp"].astype(str),
-                "option": ok["strategy"] + "/" + ok["precision"],
-                "mem_GB": ok["mem_total_bytes"] / 1e9,
-                "m": ok["microbatches"],
-                "comm_ms": ok["comm_time_s"] * 1e3,
-                "comm_ms_95%": [
-                    "-" if pd.isna(a) else f"{a * 1e3:.4g}-{b * 1e3:.4g}"
-                    for a, b in zip(ok["comm_time_low_s"], ok["comm_time_high_s"], strict=True)
-                ],
-                "exposed_ms": ok["exposed_comm_s"] * 1e3,
-                "step_s": ok["step_time_s"],
-                "Mtok/s": ok["tokens_per_s"] / 1e6,
-            }
-        )  # fmt: skip
-        lines.append(view.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
-    out = df[df["ruled_out"] != ""]
-    if not out.empty:
-        reasons = out["ruled_out"].str.replace(r"\d+(\.\d+)? GB > .*", "N GB > device", regex=True).value_counts()
-        lines.append(f"# {len(out)} ruled out: " + "; ".join(f"{k} ({v})" for k, v in reasons.items()))
-    return "\n".join(lines)
-
-
-__all__ = ["GLOBAL_BATCH_TOKENS", "SEARCH_COLUMNS", "Setting", "describe_option", "format_search", "search"]
+__all__ = ["GLOBAL_BATCH_TOKENS", "SEARCH_COLUMNS", "Setting", "describe_option", "search"]
