@@ -373,16 +373,10 @@ class CommCounter:
         peer = dst
         if peer is None and group_dst is not None:
             peer = group_dst if group is None else dist.get_global_rank(group, group_dst)
-        key = f"send:{dtype_name(tensor.dtype)}"
         size = _nbytes(tensor)
-        link = "intra"
-        if self.node_of_rank is not None and peer is not None:
-            link = "inter" if self.node_of_rank[dist.get_rank()] != self.node_of_rank[peer] else "intra"
+        link = self._link_of((dist.get_rank(), peer)) if peer is not None else "intra"
         with self._lock:
-            self.calls[key] += 1
-            self.size_bytes[key] += size
-            self.bus_bytes[key] += size
-            self.link_bytes[link][key] += size
+            self._add(f"send:{dtype_name(tensor.dtype)}", size, size, link)
 
     def _record(self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Count one call; False when it moves nothing."""
@@ -391,14 +385,17 @@ class CommCounter:
         if n <= 1:  # a group of one rank (HSDP's replicate group on one node) moves nothing
             return False
         factor = bus_factor(op, n)
-        by_link = self.link_bytes[self.link(group)]
+        link = self.link(group)
         for size, dtype in sizes:
-            key = f"{op}:{dtype_name(dtype)}"
-            self.calls[key] += 1
-            self.size_bytes[key] += size
-            self.bus_bytes[key] += size * factor
-            by_link[key] += size * factor
+            self._add(f"{op}:{dtype_name(dtype)}", size, size * factor, link)
         return True
+
+    def _add(self, key: str, size: int, bus: float, link: str) -> None:
+        """One call of "op:dtype" `key`: its nccl-tests size and bus bytes, on link `link`."""
+        self.calls[key] += 1
+        self.size_bytes[key] += size
+        self.bus_bytes[key] += bus
+        self.link_bytes[link][key] += bus
 
     def link(self, group: Any) -> str:
         """ "inter" when `group`'s ranks sit on more than one node, else "intra"."""
@@ -406,7 +403,12 @@ class CommCounter:
             return "intra"
         import torch.distributed as dist
 
-        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        return self._link_of(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+
+    def _link_of(self, ranks: Any) -> str:
+        """ "inter" when `ranks` (global) sit on more than one node, else "intra"."""
+        if self.node_of_rank is None:
+            return "intra"
         return "inter" if len({self.node_of_rank[r] for r in ranks}) > 1 else "intra"
 
     # -- control -------------------------------------------------------------------------------
