@@ -273,6 +273,8 @@ class CollectivePoint(Record):
     )
     max_abs_err: float = col("largest absolute error against the float64 reference (in the data's unit)")
     timestamp: str = col("when the point finished, ISO 8601 UTC")
+    passes_done: int | None = col("visits of the grid (timing.passes) whose rounds this row holds; None in runs from before rows were written after every pass", None)
+    partial: bool = col("True for a provisional row: written after a pass that was not the point's last (an interrupted run's estimate from its passes so far; --resume completes it)", False)
 
 
 @dataclass(kw_only=True, slots=True)
