@@ -21,7 +21,7 @@ COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
 def test_exact_inputs_exact_in_every_format_with_distinct_chunk_scales(n: int) -> None:
-    from commbench.measure.check import exact_inputs
+    from commbench.measure.payloads import exact_inputs
 
     numel = 16 * 64
     xs = [exact_inputs(numel, r) for r in range(n)]

@@ -79,7 +79,7 @@ def test_references_equal_float64_sums_written_out(cname: str, n: int) -> None:
 
 
 def test_load_inputs_gives_each_op_its_dtype_of_the_rank_input() -> None:
-    from commbench.measure.check import load_inputs
+    from commbench.measure.payloads import load_inputs
     from commbench.measure.precision import get_precision
 
     xs = _inputs(2, 101)
@@ -106,7 +106,7 @@ def test_load_inputs_gives_each_op_its_dtype_of_the_rank_input() -> None:
 @pytest.mark.parametrize("kind", ["normal", "gradient", "outliers"])
 def test_payload_blocks_are_the_payload(kind: str) -> None:
     """Blocks of any multiple of 16, any range, tails under 16 and sizes under 16: the whole tensor's values."""
-    from commbench.measure.check import payload, payload_blocks
+    from commbench.measure.payloads import payload, payload_blocks
 
     for numel in (3, 16, 31, 160, 1003, 4096 + 9):
         whole = payload(kind, numel, 77)
@@ -134,7 +134,7 @@ def _exact_written_out(numel: int, rank: int) -> torch.Tensor:
 
 
 def test_exact_inputs_and_blocks_follow_the_definition() -> None:
-    from commbench.measure.check import exact_blocks, exact_inputs
+    from commbench.measure.payloads import exact_blocks, exact_inputs
 
     for numel, rank in ((1, 0), (7, 1), (880, 2), (1000, 0), (2663, 3)):
         want = _exact_written_out(numel, rank)
@@ -234,13 +234,13 @@ def test_memory_estimate_counts_fp32_chunked_and_references() -> None:
 
 
 def _world(rank: int, n: int) -> dict[str, Any]:
-    import commbench.measure.check as check
+    import commbench.measure.payloads as payloads
     from commbench.cluster.launch import Dist, WorldInfo
     from commbench.core.suite import SuiteConfig, TimingConfig
     from commbench.measure.sweep import Sweep
 
     calls: dict[str, list[int]] = {"payload": [], "exact": []}
-    real_payload, real_exact = check.payload_blocks, check.exact_blocks
+    real_payload, real_exact = payloads.payload_blocks, payloads.exact_blocks
 
     def payload(kind: str, numel: int, seed: int, *a: Any, **k: Any) -> Any:
         calls["payload"].append(numel)
@@ -250,7 +250,7 @@ def _world(rank: int, n: int) -> dict[str, Any]:
         calls["exact"].append(r)
         return real_exact(numel, r, *a, **k)
 
-    check.payload_blocks, check.exact_blocks = payload, exact  # type: ignore[assignment]
+    payloads.payload_blocks, payloads.exact_blocks = payload, exact  # type: ignore[assignment]
     d = Dist(
         info=WorldInfo(rank, n, rank, n, "127.0.0.1", 0, "local"), backend="gloo", device=torch.device("cpu"),
         host="h", hosts=("h",) * n, threads=1,
@@ -309,12 +309,13 @@ def _big_float64_world(rank: int, n: int) -> dict[str, Any]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import commbench.measure.check as check
+    import commbench.measure.payloads as payloads
     from commbench.cluster.launch import Dist, WorldInfo
     from commbench.core.suite import SuiteConfig
     from commbench.measure.collectives import get_collective
     from commbench.measure.sweep import GroupView, Sweep, contenders
 
-    check._BLOCK, check._SLICE = 1024, 1000  # type: ignore[misc]  # many blocks and slices at a small size
+    check._SLICE, payloads.BLOCK = 1000, 1024  # type: ignore[misc]  # many blocks and slices at a small size
     limit = 4 * 1024  # a block and its slack (a tail under 16, two periods of the check pattern): far below 24000
     d = Dist(
         info=WorldInfo(rank, n, rank, n, "127.0.0.1", 0, "local"), backend="gloo", device=torch.device("cpu"),
