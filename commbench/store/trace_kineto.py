@@ -1,0 +1,179 @@
+"""The reader of torch.profiler's Chrome/Kineto JSON (``prof.export_chrome_trace``, ``tensorboard_trace_handler``):
+the ``distributedInfo`` block (backend, rank, world size, ``pg_config``: each process group's name, description and
+ranks), the ``ProfilerStep#N`` spans, the communication calls (:mod:`commbench.store.trace_calls`) and the GPU
+kernels.
+
+A call is read from ``record_param_comms`` where the trace has it (NCCL); its enclosing c10d operator is then the
+same call and is skipped. Without it (gloo), from the c10d operator; Kineto writes a list argument's type as
+``TensorList``, so a list-taking operator's dtype comes from the gloo work item it queued (``gloo:<collective>``,
+on gloo's worker threads, with the tensor's type): :func:`pair_gloo`. An operator nested in another communication
+operator on the same thread (a functional collective calling c10d) is the outer call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from commbench.store.trace_calls import Group, OpEvent, Trace, TraceError, add_calls, dtype_of, is_comm
+
+STEP = re.compile(r"ProfilerStep#(\d+)$")
+
+_GLOO_WORK: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("gloo:all_reduce",),
+    # gloo runs reduce_scatter_tensor as an all_reduce of the whole input (ProcessGroupGloo::_reduce_scatter_base)
+    "reduce_scatter": ("gloo:reduce_scatter", "gloo:all_reduce"),
+    "all_gather": ("gloo:all_gather",),
+    "all_to_all": ("gloo:all_to_all",),
+    "broadcast": ("gloo:broadcast",),
+    "reduce": ("gloo:reduce",),
+    "send": ("gloo:send",),
+    "recv": ("gloo:recv",),
+    "gather": ("gloo:gather",),
+    "scatter": ("gloo:scatter",),
+}
+"""The gloo work items a c10d operator queues, by its collective."""
+
+_C10D_COLLECTIVE = {
+    "c10d::allreduce_": "all_reduce", "c10d::allreduce_coalesced_": "all_reduce", "c10d::broadcast_": "broadcast",
+    "c10d::reduce_": "reduce", "c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv",
+    "c10d::_allgather_base_": "all_gather", "c10d::_reduce_scatter_base_": "reduce_scatter",
+    "c10d::alltoall_base_": "all_to_all",
+}  # fmt: skip
+
+
+def _groups(info: dict[str, Any]) -> dict[str, Group]:
+    """``distributedInfo["pg_config"]``: a list of ``{pg_name, pg_desc, ranks}`` (torch >= 2.2) or a dict by name."""
+    cfg = info.get("pg_config") or []
+    entries = list(cfg.values()) if isinstance(cfg, dict) else list(cfg) if isinstance(cfg, list) else []
+    out: dict[str, Group] = {}
+    for e in entries:
+        if not isinstance(e, dict):
+            continue
+        ranks = e.get("ranks")
+        if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks):
+            name = str(e.get("pg_name", len(out)))
+            out[name] = Group(name, tuple(ranks), str(e.get("pg_desc", "")))
+    return out
+
+
+def _op(e: dict[str, Any]) -> OpEvent:
+    a = e.get("args") or {}
+    return OpEvent(
+        name=str(e.get("name", "")), ts=float(e.get("ts", 0.0)), dur=float(e.get("dur", 0.0) or 0.0),
+        thread=(e.get("pid"), e.get("tid")), dims=list(a.get("Input Dims") or []), types=list(a.get("Input type") or []),
+        values=list(a.get("Concrete Inputs") or []), args=a,
+    )  # fmt: skip
+
+
+def _first_shape(dims: Any) -> Any:
+    """The first tensor shape of a dims entry (a shape, or a list of them)."""
+    while isinstance(dims, list) and dims and isinstance(dims[0], list):
+        dims = dims[0]
+    return dims
+
+
+def pair_gloo(ops: list[OpEvent], work: list[OpEvent]) -> None:
+    """Give each c10d operator the dtype of the gloo work item it queued: the earliest unclaimed one of its kind,
+    starting after it, with its tensor's shape. An operator left without one keeps ``dtype_hint`` None."""
+    by_name: dict[str, list[OpEvent]] = defaultdict(list)
+    for w in sorted(work, key=lambda w: w.ts):
+        by_name[w.name].append(w)
+    claimed: set[int] = set()
+    for op in sorted(ops, key=lambda o: o.ts):
+        coll = _C10D_COLLECTIVE.get(op.name)
+        if coll is None or not op.dims:
+            continue
+        shape = _first_shape(op.dims[1] if coll in ("all_gather", "reduce_scatter", "all_to_all") else op.dims[0])
+        best: OpEvent | None = None
+        for name in _GLOO_WORK[coll]:
+            for w in by_name.get(name, []):
+                if id(w) in claimed or w.ts < op.ts or _first_shape(w.dims[:1]) != shape:
+                    continue
+                if best is None or w.ts < best.ts:
+                    best = w
+                break
+        if best is not None:
+            claimed.add(id(best))
+            op.dtype_hint = dtype_of(best.types[0]) if best.types else None
+
+
+def _outermost(events: list[OpEvent]) -> tuple[list[OpEvent], list[OpEvent]]:
+    """(calls, nested): per thread, a communication operator inside another one is part of it; a c10d operator
+    holding a ``record_param_comms`` is read from that record instead (it is returned as nested)."""
+    keep: list[OpEvent] = []
+    nested: list[OpEvent] = []
+    by_thread: dict[Any, list[OpEvent]] = defaultdict(list)
+    for e in events:
+        by_thread[e.thread].append(e)
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e.ts, -e.dur))
+        open_: list[OpEvent] = []
+        for e in evs:
+            while open_ and e.ts >= open_[-1].ts + open_[-1].dur:
+                open_.pop()
+            outer = open_[-1] if open_ else None
+            if e.name == "record_param_comms":
+                # the record is the call: an enclosing c10d operator is not
+                if outer is not None and outer.name != "record_param_comms" and outer in keep:
+                    keep.remove(outer)
+                    nested.append(outer)
+                keep.append(e)
+            elif outer is None:
+                keep.append(e)
+            else:
+                nested.append(e)
+            open_.append(e)
+    return keep, nested
+
+
+def read_kineto(path: str, data: dict[str, Any]) -> Trace:
+    """The :class:`~commbench.store.trace_calls.Trace` of one Kineto JSON document."""
+    events = data.get("traceEvents")
+    if not isinstance(events, list):
+        raise TraceError(f"{path}: 'traceEvents' is not a list: not a torch.profiler trace")
+    info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
+    rank = int(info.get("rank", 0)) if isinstance(info.get("rank", 0), int) else 0
+    world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+    trace = Trace(
+        path=path, format="kineto", rank=rank, world_size=world, backend=str(info.get("backend", "")),
+        groups=_groups(info), steps=[], calls=[],
+    )  # fmt: skip
+    comm: list[OpEvent] = []
+    work: list[OpEvent] = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        name, cat = str(e.get("name", "")), str(e.get("cat", ""))
+        if cat == "kernel":
+            trace.kernels.append(
+                (float(e.get("ts", 0)), float(e.get("dur", 0)), str(e.get("tid", "")), name.startswith("nccl"))
+            )
+            continue
+        m = STEP.match(name)
+        if m and cat != "gpu_user_annotation":
+            trace.step_spans[int(m.group(1))] = (float(e.get("ts", 0)), float(e.get("ts", 0)) + float(e.get("dur", 0)))
+            continue
+        if not is_comm(name) or cat.startswith("gpu"):
+            continue
+        if name.startswith(("gloo:", "nccl:")):
+            work.append(_op(e))
+        else:
+            comm.append(_op(e))
+    trace.steps = sorted(trace.step_spans)
+    calls, nested = _outermost(comm)
+    pair_gloo([c for c in calls if c.name.startswith("c10d::")], work)
+    for w in work:
+        trace.skipped[f"{w.name} (the backend's work item of a call)"] += 1
+    for e in nested:
+        trace.skipped[f"{e.name} (inside another communication record: the same call)"] += 1
+    add_calls(trace, sorted(calls, key=lambda e: e.ts), lambda ev: _step_of(trace, ev.ts) if trace.step_spans else -1)
+    return trace
+
+
+def _step_of(trace: Trace, ts: float) -> int | None:
+    for s, (lo, hi) in trace.step_spans.items():
+        if lo <= ts <= hi:
+            return s
+    return None
