@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from commbench.core.registry import OptionRegistry
@@ -24,6 +25,20 @@ from commbench.measure.precision import PRECISIONS, PointOp, Precision
 if TYPE_CHECKING:  # torch is imported where tensors are handled: the registry itself is torch-free
     import torch
     import torch.distributed as dist
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRows:
+    """The wire side of ``k`` chunks a codec encodes into or decodes from (see :meth:`Codec.encode_chunks`)."""
+
+    codes: torch.Tensor
+    """``[k, code_bytes(m)]`` uint8, rows contiguous, the wire's row stride."""
+    scales: torch.Tensor
+    """``[k, num_scales(m)]`` float32: the scales' home."""
+    wire_scales: torch.Tensor | None
+    """``[k, 4 * scale_count(m)]`` uint8 where the travelling scales are (maybe misaligned); None when none travel."""
+    workspace: dict[str, torch.Tensor] | None
+    """Scratch the caller (the wire) owns, which a codec may keep buffers in."""
 
 
 class Codec(ABC):
@@ -71,16 +86,9 @@ class Codec(ABC):
         row contiguous; the row stride is the wire's), ``scales`` the ``[k, num_scales(m)]`` float32 home,
         ``wire_scales`` ``[k, 4 * scale_count(m)]`` uint8 where the travelling scales go (little-endian float32
         bytes, possibly misaligned), None when none travel. ``workspace`` is scratch owned by the caller (the
-        wire), which a codec may keep buffers in.
-
-        This default loops over :meth:`encode` (so a codec that defines only the per-chunk methods works
-        unchanged); a codec meant for GPUs overrides it with a few ops whatever ``k`` (see ``Fp8Codec``)."""
-        import torch
-
-        for i in range(x.shape[0]):
-            self.encode(x[i], codes[i], scales[i])
-        if wire_scales is not None and x.shape[0]:
-            wire_scales.copy_(scales[:, : wire_scales.shape[1] // 4].view(torch.uint8))
+        wire), which a codec may keep buffers in. A codec overrides :meth:`encode_rows`, which gets these as one
+        :class:`ChunkRows`."""
+        self.encode_rows(x, ChunkRows(codes, scales, wire_scales, workspace))
 
     def decode_chunks(
         self,
@@ -94,10 +102,26 @@ class Codec(ABC):
     ) -> None:
         """Decode ``k`` chunks (arguments as :meth:`encode_chunks`; the scales are read from ``wire_scales``
         when they travel): into ``out`` ``[k, m]``, or with ``reduce`` the float32 sum of the k decoded chunks,
-        source order 0..k-1, into ``out`` ``[m]``. The default loops over :meth:`decode` (``accumulate`` for
-        chunks after the first)."""
+        source order 0..k-1, into ``out`` ``[m]``. A codec overrides :meth:`decode_rows`."""
+        self.decode_rows(ChunkRows(codes, scales, wire_scales, workspace), out, reduce)
+
+    def encode_rows(self, x: torch.Tensor, rows: ChunkRows) -> None:
+        """:meth:`encode_chunks`. This default loops over :meth:`encode` (so a codec that defines only the
+        per-chunk methods works unchanged); a codec meant for GPUs overrides it with a few ops whatever ``k``
+        (see ``Fp8Codec``)."""
         import torch
 
+        for i in range(x.shape[0]):
+            self.encode(x[i], rows.codes[i], rows.scales[i])
+        if rows.wire_scales is not None and x.shape[0]:
+            rows.wire_scales.copy_(rows.scales[:, : rows.wire_scales.shape[1] // 4].view(torch.uint8))
+
+    def decode_rows(self, rows: ChunkRows, out: torch.Tensor, reduce: bool) -> None:
+        """:meth:`decode_chunks`. The default loops over :meth:`decode` (``accumulate`` for chunks after the
+        first)."""
+        import torch
+
+        codes, scales, wire_scales = rows.codes, rows.scales, rows.wire_scales
         if wire_scales is not None and codes.shape[0]:
             scales[:, : wire_scales.shape[1] // 4].view(torch.uint8).copy_(wire_scales)
         for i in range(codes.shape[0]):

@@ -36,7 +36,7 @@ import re
 from typing import TYPE_CHECKING
 
 from commbench.measure import fp8
-from commbench.measure.codec import Codec, register_codec
+from commbench.measure.codec import ChunkRows, Codec, register_codec
 from commbench.measure.collectives import Collective, Layout
 from commbench.measure.precision import (
     PointOp,
@@ -87,30 +87,24 @@ class Fp8Codec(Codec):
     def decode(self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
         fp8.dequantize(codes, scales, self.fmt, self.scaling.name, self.block, out=out, accumulate=accumulate)
 
-    def encode_chunks(
-        self,
-        x: torch.Tensor,
-        codes: torch.Tensor,
-        scales: torch.Tensor,
-        wire_scales: torch.Tensor | None,
-        *,
-        workspace: dict[str, torch.Tensor] | None = None,
-    ) -> None:
-        """All chunks in a fixed handful of device ops on the torch path (:func:`commbench.measure.fp8.quantize_chunks`);
-        the C kernel per chunk on CPU."""
-        fp8.quantize_chunks(x, codes, scales, wire_scales, self.fmt, self.scaling.name, self.block, workspace=workspace)
+    def encode_rows(self, x: torch.Tensor, rows: ChunkRows) -> None:
+        """All chunks in a fixed handful of device ops on the torch path, one fused graph on the compiled path
+        (:func:`commbench.measure.fp8.quantize_chunks`); the C kernel per chunk on CPU."""
+        fp8.quantize_chunks(
+            x,
+            rows.codes,
+            rows.scales,
+            rows.wire_scales,
+            self.fmt,
+            self.scaling.name,
+            self.block,
+            workspace=rows.workspace,
+        )
 
-    def decode_chunks(
-        self,
-        codes: torch.Tensor,
-        scales: torch.Tensor,
-        wire_scales: torch.Tensor | None,
-        out: torch.Tensor,
-        *,
-        reduce: bool = False,
-        workspace: dict[str, torch.Tensor] | None = None,
-    ) -> None:
-        fp8.dequantize_chunks(codes, scales, wire_scales, out, self.fmt, self.scaling.name, self.block, reduce=reduce)
+    def decode_rows(self, rows: ChunkRows, out: torch.Tensor, reduce: bool) -> None:
+        fp8.dequantize_chunks(
+            rows.codes, rows.scales, rows.wire_scales, out, self.fmt, self.scaling.name, self.block, reduce=reduce
+        )
 
     def error_bound(self, abs_sum: torch.Tensor, contributions: int, encodings: int) -> torch.Tensor:
         """Format-derived tolerance (see :func:`commbench.measure.fp8.error_bound`)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from commbench.measure.codec import Codec, register_codec
+from commbench.measure.codec import ChunkRows, Codec, register_codec
 
 if TYPE_CHECKING:  # imported where tensors are handled: registering the codec needs no torch
     import torch
@@ -44,34 +44,17 @@ class Fp32Raw(Codec):
         v = codes.view(torch.float32)
         out.add_(v) if accumulate else out.copy_(v)
 
-    def encode_chunks(
-        self,
-        x: torch.Tensor,
-        codes: torch.Tensor,
-        scales: torch.Tensor,
-        wire_scales: torch.Tensor | None,
-        *,
-        workspace: dict[str, torch.Tensor] | None = None,
-    ) -> None:
+    def encode_rows(self, x: torch.Tensor, rows: ChunkRows) -> None:
         import torch
 
-        codes.copy_(x.view(torch.uint8))  # one copy for every chunk
+        rows.codes.copy_(x.view(torch.uint8))  # one copy for every chunk
 
-    def decode_chunks(
-        self,
-        codes: torch.Tensor,
-        scales: torch.Tensor,
-        wire_scales: torch.Tensor | None,
-        out: torch.Tensor,
-        *,
-        reduce: bool = False,
-        workspace: dict[str, torch.Tensor] | None = None,
-    ) -> None:
+    def decode_rows(self, rows: ChunkRows, out: torch.Tensor, reduce: bool) -> None:
         import torch
 
-        v = codes.view(torch.float32)  # [k, m]: chunks start 4-byte aligned in both layouts
+        v = rows.codes.view(torch.float32)  # [k, m]: chunks start 4-byte aligned in both layouts
         if reduce:
-            from commbench.measure.fp8 import sum_chunks
+            from commbench.measure.fp8_eager import sum_chunks
 
             sum_chunks(v, out)  # one reduction over the chunks
         else:
