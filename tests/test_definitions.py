@@ -92,8 +92,8 @@ def test_size_grid_like_nccl_tests() -> None:
 
 
 def test_suite_validation_messages() -> None:
-    with pytest.raises(ValueError, match="unknown collective 'allreduce'.*all_reduce"):
-        suite_from_dict({"collectives": ["allreduce"]})
+    with pytest.raises(ValueError, match="unknown collective 'all_reduse'.*all_reduce"):
+        suite_from_dict({"collectives": ["all_reduse"]})
     with pytest.raises(ValueError, match="unknown precision 'fp64'.*fp32"):
         suite_from_dict({"precisions": ["fp64"]})
     with pytest.raises(ValueError, match="unknown suite key"):

@@ -28,3 +28,16 @@ def dist_op(*names: str) -> Callable[..., Any]:
 def all_gather_tensor(*args: Any, **kwargs: Any) -> Any:
     """``all_gather_into_tensor(out, inp, ...)`` under the name this torch has."""
     return dist_op(*ALL_GATHER_OPS)(*args, **kwargs)
+
+
+TORCH_REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+"""nccl-tests' ``-o`` names -> torch.distributed ``ReduceOp`` members."""
+
+
+def reduce_op(name: str) -> Any:
+    """torch's ``ReduceOp`` for nccl-tests' op ``name`` (sum, prod, min, max, avg)."""
+    import torch.distributed as dist
+
+    if name not in TORCH_REDUCE_OPS:
+        raise ValueError(f"unknown reduction op {name!r}; valid choices: {', '.join(TORCH_REDUCE_OPS)}")
+    return getattr(dist.ReduceOp, TORCH_REDUCE_OPS[name])

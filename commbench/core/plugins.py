@@ -24,8 +24,8 @@ ENTRY_POINT_GROUP = "commbench.plugins"
 ENV = "COMMBENCH_PLUGINS"
 
 KINDS: dict[str, tuple[str, ...]] = {
-    "collective": ("commbench.measure.collectives",),
-    "chunked algorithm": ("commbench.measure.chunked",),
+    "collective": ("commbench.measure.collectives", "commbench.measure.collectives_rooted", "commbench.measure.p2p"),
+    "chunked algorithm": ("commbench.measure.chunked", "commbench.measure.chunked_rooted"),
     "group": ("commbench.measure.groups",),
     "precision": ("commbench.measure.precision", "commbench.measure.fp8_ops", "commbench.measure.raw_codec"),
     "codec": ("commbench.measure.fp8_ops", "commbench.measure.raw_codec"),

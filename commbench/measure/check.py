@@ -50,25 +50,8 @@ View = Callable[[torch.Tensor], torch.Tensor]
 narrower dtype whose values upcast exactly (added into a float64 sum or copied into a float64 slot)."""
 
 
-def _piece(coll: Collective, layout: Layout, rank: int, n: int) -> tuple[int, int, int] | None:
-    """How a peer's input enters this rank's expected output, guessed from the shapes: (offset in the peer's
-    input, length, width of the output slot per peer: 0 = summed into the whole output); None for no guess.
-
-    Reductions sum each peer's ``[reduced_offset, +output_numel)`` (all_reduce: all, reduce_scatter: this
-    rank's slice); the others concatenate one piece per peer (all_gather: the peer's whole input, all_to_all:
-    its chunk for this rank). A guess is used only where :func:`_rule_holds` confirmed it."""
-    m_in, m_out = layout.input_numel, layout.output_numel
-    if coll.reduces:
-        off = coll.reduced_offset(rank, layout)
-        return (off, m_out, 0) if off + m_out <= m_in else None
-    k = m_out // n
-    if k * n != m_out:
-        return None
-    if m_in == k:
-        return 0, k, k
-    if m_in == m_out:
-        return rank * k, k, k
-    return None
+ABS = "abs"
+"""The view whose expectation is the tolerance's ``sum |x|``: summed over the contributing ranks whatever the op."""
 
 
 def _accumulate(
@@ -80,39 +63,45 @@ def _accumulate(
     views: dict[str, View],
     device: torch.device,
 ) -> dict[str, torch.Tensor] | None:
-    """Every expectation of ``views`` by the :func:`_piece` rule: each peer's input is made block by block, each
-    view of a block added into (or copied into its slot of) its float64 output and dropped. None when the rule
-    has no guess for this shape."""
-    piece = _piece(coll, layout, rank, n)
-    if piece is None:
+    """Every expectation of ``views`` by the collective's :meth:`~Collective.sources`: each peer's piece is made
+    block by block, each view of a block copied into its slot of the float64 output (or combined there by the
+    reduction op, rank by rank) and dropped. None when the collective does not say where its pieces go."""
+    pieces = coll.sources(rank, n, layout)
+    if pieces is None:
         return None
-    off, length, slot = piece
-    got = {k: torch.empty(layout.output_numel, dtype=torch.float64, device=device) for k in views}
-    for r in range(n):
-        for s, src in source(r, off, off + length):
+    numel = coll.expected_numel(rank, n, layout)
+    got = {k: torch.empty(numel, dtype=torch.float64, device=device) for k in views}
+    for i, p in enumerate(pieces):
+        for s, src in source(p.peer, p.in_offset, p.in_offset + p.length):
             src = src.to(device)
-            lo, hi = s - off, s - off + src.numel()
-            dst = slice(r * slot + lo, r * slot + hi) if slot else slice(lo, hi)
+            lo = p.out_offset + s - p.in_offset
+            dst = slice(lo, lo + src.numel())
             for k, view in views.items():
                 part = view(src)
-                if slot or r == 0:
+                if not coll.reduces or i == 0:
                     got[k][dst].copy_(part)  # a narrower dtype is upcast exactly
+                elif k == ABS:
+                    got[k][dst].add_(part)
                 else:
-                    got[k][dst].add_(part)  # ... then summed in float64, rank by rank
+                    coll.combine(got[k][dst], part.to(torch.float64))  # ... then reduced in float64, rank by rank
                 del part
             del src
+    if coll.reduces:
+        for k, t in got.items():
+            if k != ABS:
+                coll.finish(t, len(pieces))
     return got
 
 
-_RULE: dict[tuple[str, int, int], bool] = {}
+_RULE: dict[tuple[str, int, str, int, int], bool] = {}
 
 
 def _rule_holds(coll: Collective, n: int, rank: int) -> bool:
     """Whether :func:`_accumulate` gives :meth:`Collective.reference` for ``coll`` (at a small layout of the
-    same world, on integer-valued inputs, so any order of summation is exact); once per collective and world.
-    A collective whose shape the rule misreads (a broadcast: input and output alike) is found here and keeps
-    the world's stacked copies."""
-    key = (coll.name, n, rank)
+    same world, on integer-valued inputs, so any order of summation or product is exact); once per collective,
+    root, op and world. A collective whose :meth:`~Collective.sources` disagree with its reference is found here
+    and keeps the world's stacked copies."""
+    key = (coll.name, coll.root, coll.redop, n, rank)
     if key not in _RULE:
         small = coll.layout(coll.round_total(64 * n * n, n), n)
         xs = [((torch.arange(small.input_numel, dtype=torch.float64) * 7 + 13 * r) % 29) - 11 for r in range(n)]
@@ -156,24 +145,25 @@ def references(
     m = layout.input_numel
     views: dict[str, View] = {"exact": lambda x: x} if with_exact else {}
     if with_abs:
-        views["abs"] = torch.abs
+        views[ABS] = torch.abs
     for dt in givens:
         views[str(dt)] = functools.partial(_rounded_to, dtype=dt)
 
     if n > LOCAL_REFERENCE_MAX_RANKS:
         mine = whole(source, d.rank, m, d.device)
 
-        def fp64_collective(x: torch.Tensor) -> torch.Tensor:
+        def fp64_collective(x: torch.Tensor, c: Collective) -> torch.Tensor:
             x = x.to(torch.float64)
             out = (
                 x.clone()
-                if not coll.out_of_place()
+                if not c.out_of_place()
                 else torch.empty(layout.output_numel, dtype=torch.float64, device=d.device)
             )
-            coll.run(x, out, getattr(d, "pg", None))  # an in-place collective sums into the clone
-            return out
+            c.run(x, out, getattr(d, "pg", None))  # an in-place collective sums into the clone
+            return out[: coll.expected_numel(d.rank, n, layout)]
 
-        got = {k: fp64_collective(view(mine)) for k, view in views.items()}
+        summed = coll.configured(root=coll.root, op="sum") if coll.reduces else coll  # sum |x|, whatever the op
+        got = {k: fp64_collective(view(mine), summed if k == ABS else coll) for k, view in views.items()}
         del mine
     else:
         acc = _accumulate(coll, layout, d.rank, n, source, views, d.device) if _rule_holds(coll, n, d.rank) else None
@@ -184,7 +174,7 @@ def references(
         got = acc
     return References(
         exact=got.pop("exact", None),
-        abs=got.pop("abs", None),
+        abs=got.pop(ABS, None),
         given={dt: got.pop(str(dt)) for dt in givens},
     )
 
@@ -244,11 +234,17 @@ def _count_wrong(
     A precision's tolerance is a function of each element's ``|x|`` sum and of the largest of them (every
     bound here is: the floors of :func:`commbench.measure.fp8.error_bound` scale with it): each slice's bound is computed
     with the tensor's largest ``|x|`` sum appended, so it is the bound of the whole tensor, element for element,
-    and the largest bound of any slice is the whole tensor's. NaN compares false: counted wrong."""
+    and the largest bound of any slice is the whole tensor's; the reduction op's own rounding
+    (:meth:`~Collective.op_tolerance`, ``avg``) is added. NaN compares false: counted wrong. An empty result (a
+    rank whose output the collective leaves undefined) has nothing wrong."""
+    if got.numel() == 0:
+        return 0, 0.0
     top = abs_sum.max().reshape(1)
+    eps = torch.finfo(prec.wire_dtype).eps if prec.wire_dtype.is_floating_point else 0.0
     wrong, tol = 0, -math.inf
     for s in _slices(got.numel()):
-        bound = prec.check_tolerance(coll, torch.cat([abs_sum[s], top]), n)
+        sums = torch.cat([abs_sum[s], top])
+        bound = prec.check_tolerance(coll, sums, n) + coll.op_tolerance(sums, eps)
         if isinstance(bound, torch.Tensor) and bound.dim() > 0:
             tol = max(tol, float(bound.max()))
             bound = bound[:-1]
@@ -307,6 +303,11 @@ def check_group(
         d.sync()
 
     n, m = d.world_size, layout.input_numel
+    defined = coll.expected_numel(d.rank, n, layout)  # reduce, gather off the root: nothing to compare
+
+    def result(op: PointOp) -> torch.Tensor:
+        return op.result()[:defined]
+
     wrong = [0] * len(points)
     tol = [0.0] * len(points)
     if suite.check:
@@ -316,7 +317,7 @@ def check_group(
         assert refs.abs is not None and refs.exact is not None  # asked for
         for i, (prec, op) in enumerate(points):
             run(op, after_comm)
-            wrong[i], tol[i] = _count_wrong(prec, coll, n, op.result(), refs.exact, refs.abs)
+            wrong[i], tol[i] = _count_wrong(prec, coll, n, result(op), refs.exact, refs.abs)
         del refs
     # One error pass per input dtype of the group (most groups have one or two): the exact payload's expectation
     # is made with the first and kept, each "as given" one only while its points run.
@@ -338,7 +339,7 @@ def check_group(
         for i in mine:
             op = points[i][1]
             run(op)
-            sq_diff, max_abs, sq_comm_diff = _errors(op.result(), exact, given)
+            sq_diff, max_abs, sq_comm_diff = _errors(result(op), exact, given)
             values = {
                 "sq_diff": sq_diff,
                 "sq_ref": sq_ref,

@@ -153,7 +153,7 @@ def exchange(
     return [w for w in works if w is not None]
 
 
-class _ChunkedOp:
+class ChunkedOp:
     """Shared state of the point ops (the sweep's ``PointOp`` protocol: load, encode, comm, decode, result).
 
     By default the input ``x`` is loaded as is and chunk ``r`` received decodes into slice ``r`` of ``y``
@@ -185,7 +185,7 @@ class _ChunkedOp:
         return self.y
 
 
-class ChunkedAllGather(_ChunkedOp):
+class ChunkedAllGather(ChunkedOp):
     def __init__(
         self, codec: Codec, m: int, group: dist.ProcessGroup | None, device: torch.device, packed: bool = True
     ) -> None:
@@ -204,7 +204,7 @@ class ChunkedAllGather(_ChunkedOp):
         exchange(_ALL_GATHER, self.send, self.recv, self.group, async_op=False)
 
 
-class ChunkedAllToAll(_ChunkedOp):
+class ChunkedAllToAll(ChunkedOp):
     """all_to_all, and the base of reduce_scatter (which sums instead of concatenating on decode)."""
 
     def __init__(
@@ -267,7 +267,7 @@ class ChunkedAllReduce(ChunkedReduceScatter):
         if gather_by_all_to_all is None:
             gather_by_all_to_all = dist.get_backend(group) == "gloo"
         self.gather_by_a2a = gather_by_all_to_all
-        self.gather_collective = _ALL_TO_ALL if gather_by_all_to_all else _ALL_GATHER
+        self.gather_collective: Collective = _ALL_TO_ALL if gather_by_all_to_all else _ALL_GATHER
         self.gsend = ChunkWire(codec, self.n if gather_by_all_to_all else 1, self.m, device, packed)
         self.grecv = ChunkWire(codec, self.n, self.m, device, packed)
         self.out = torch.empty(padded, dtype=torch.float32, device=device)

@@ -1,20 +1,28 @@
 """Collective registry: what a collective moves, nccl-tests' size/count/bus-factor definitions, how to run it
-natively on a process group, and its float64 reference.
+natively on a process group, where each peer's input lands in a rank's output, and its float64 reference.
 
 Definitions follow nccl-tests doc/PERFORMANCE.md: ``size`` is the all_reduce buffer, the all_gather *total
 output*, the reduce_scatter *total input* and the all_to_all per-rank buffer; ``algbw = size / time`` and
 ``busbw = algbw * bus_factor(n)``. The printed ``count`` column is nccl-tests' per-call parameter count:
-the whole buffer for all_reduce, the per-rank share for all_gather, reduce_scatter and all_to_all.
+the whole buffer for all_reduce, the per-rank share for all_gather, reduce_scatter and all_to_all. The bus factor
+and the count convention of every collective nccl-tests has are read from :mod:`commbench.core.nccl_tests` (the
+importer's table), never restated here. The rooted collectives (broadcast, reduce, gather, scatter) live in
+:mod:`commbench.measure.collectives_rooted`, the point-to-point ones (sendrecv) in :mod:`commbench.measure.p2p`.
+
+A registered collective is a template: the sweep asks it for the suite's root and reduction op
+(:meth:`Collective.configured`, nccl-tests' ``-r`` and ``-o``).
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from commbench.cluster.dist_ops import ALL_GATHER_OPS, dist_op
+from commbench.cluster.dist_ops import ALL_GATHER_OPS, TORCH_REDUCE_OPS, dist_op, reduce_op
+from commbench.core.nccl_tests import NCCL_COLLECTIVES, NcclTestsCollective
 from commbench.core.registry import Registry
 
 if TYPE_CHECKING:
@@ -24,7 +32,29 @@ if TYPE_CHECKING:
 # torch is imported by the methods that run tensors, never at module level: `commbench list` and the
 # importer's bus factors read this registry without paying for torch.
 
+REDUCE_OPS = tuple(TORCH_REDUCE_OPS)
+"""nccl-tests' ``-o`` reduction ops commbench runs (``mulsum`` is NCCL's internal pre-multiplied sum: not offered)."""
 
+GLOO_OPS = ("sum", "prod", "min", "max")
+"""The ops gloo reduces with (torch's ProcessGroupGloo has no AVG)."""
+
+
+class Unsupported(RuntimeError):
+    """Raised by :meth:`Precision.make_op <commbench.measure.precision.Precision.make_op>` when the precision cannot
+    run here after all (a probe of what the backend really does refused it, or a collective configuration its
+    algorithm cannot run). The decision must be the same on every rank of the group (agreed across them), so
+    every rank skips the point together: the sweep skips it with this message as its note."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Where one peer's input enters a rank's expected output: ``[in_offset, +length)`` of ``peer``'s input goes to
+    ``[out_offset, +length)`` of the output (reductions: combined with the other peers' pieces there)."""
+
+    peer: int
+    in_offset: int
+    length: int
+    out_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +77,15 @@ class Collective(ABC):
     of that data describes overrides those methods instead."""
 
     name: ClassVar[str]
-    redop: ClassVar[str]
-    """nccl-tests' ``redop`` column: ``sum`` for reductions, ``none`` otherwise."""
+    redop: str
+    """nccl-tests' ``redop`` column: the reduction op (``sum`` by default, :meth:`configured` sets another) for
+    reductions, ``none`` otherwise."""
     reduces: ClassVar[bool]
-    """True when the output is a sum over ranks (the reduction happens in the wire dtype)."""
+    """True when the output is a reduction over ranks (the reduction happens in the wire dtype)."""
+    rooted: ClassVar[bool] = False
+    """The collective has a root rank (nccl-tests' ``-r``: broadcast, reduce, gather, scatter)."""
+    root: int = 0
+    """The root rank inside the group (:meth:`configured` sets it; meaningful where :attr:`rooted`)."""
     nccl_tests_name: ClassVar[str]
     """The nccl-tests binary that measures it (``all_reduce_perf``)."""
     size_convention: ClassVar[str]
@@ -68,7 +103,8 @@ class Collective(ABC):
     output_per_rank: ClassVar[bool] = False
     """The output holds one rank's share rather than ``total`` (reduce_scatter)."""
     count_per_rank: ClassVar[bool] = True
-    """nccl-tests' ``count`` column is the per-rank share (``total / n``); all_reduce's is the whole buffer."""
+    """nccl-tests' ``count`` column is the per-rank share (``total / n``), for a collective nccl-tests lacks (a
+    plugin's); for the others its table decides (:meth:`per_rank_count`: all_reduce's count is the buffer)."""
     chunked_variant: ClassVar[str | None] = None
     """Name of the chunked codec algorithm that runs this collective, in :data:`CHUNKED_ALGORITHMS` (built as
     ``algorithm(codec, input elements, group, device)``); None: codecs cannot run it. A name rather than the class
@@ -78,9 +114,20 @@ class Collective(ABC):
     """How many times the chunked low-precision algorithm encodes a value on its way (the error bound's
     ``quantisations``): all_reduce re-encodes the partial sums, so 2."""
 
+    nccl_tests_key: ClassVar[str | None] = None
+    """The entry of :data:`commbench.core.nccl_tests.NCCL_COLLECTIVES` that defines this collective's bus factor and
+    count (None: its own :attr:`name`; the pipeline pair is nccl-tests' ``sendrecv``)."""
+
+    @property
+    def nccl_tests(self) -> NcclTestsCollective | None:
+        """nccl-tests' definition of this collective (bus factor, count convention); None for one it lacks."""
+        return NCCL_COLLECTIVES.get(self.nccl_tests_key or self.name)
+
     @property
     def bus_factor_formula(self) -> str:
         """:meth:`bus_factor` in words (for ``commbench list``)."""
+        if self.nccl_tests is not None:
+            return self.nccl_tests.formula
         return f"{self.bus_passes if self.bus_passes != 1 else ''}(n-1)/n"
 
     @property
@@ -89,16 +136,30 @@ class Collective(ABC):
         return f"{self.size_convention}; {self.bus_factor_formula}"
 
     def bus_factor(self, n: int) -> float:
-        """nccl-tests' factor from algbw to busbw for ``n`` ranks."""
+        """nccl-tests' factor from algbw to busbw for ``n`` ranks (its table where it has the collective)."""
+        if self.nccl_tests is not None:
+            return self.nccl_tests.bus_factor(n)
         return self.bus_passes * (n - 1) / n
+
+    def latency_steps(self, n: int) -> float:
+        """Sequential steps of the ring algorithm on ``n`` ranks (the cost model's latency term): ``bus_passes``
+        passes of n-1 steps; a point-to-point exchange takes one."""
+        return float(self.bus_passes * (n - 1))
+
+    def per_rank_count(self) -> bool:
+        """nccl-tests' ``count`` column is the per-rank share (its table; :attr:`count_per_rank` for others)."""
+        return self.nccl_tests.per_rank_count if self.nccl_tests is not None else self.count_per_rank
 
     def round_total(self, total: int, n: int, elt_bytes: int = 4) -> int:
         """Largest element count <= ``total`` the collective runs for ``n`` ranks, as nccl-tests rounds it.
 
-        nccl-tests (src/all_gather.cu, reduce_scatter.cu, alltoall.cu ``*GetCollByteCount``) rounds the
-        per-rank count down to a 16-byte multiple: ``base = (count/nranks) & -(16/eltSize)``, total
-        ``base * nranks``. ``elt_bytes`` is 4: commbench's sizes count the user's fp32 elements, so its rows line
-        up with an fp32 nccl-tests log of the same size."""
+        nccl-tests (src/all_gather.cu, reduce_scatter.cu, alltoall.cu, gather.cu, scatter.cu
+        ``*GetCollByteCount``) rounds the per-rank count down to a 16-byte multiple: ``base = (count/nranks) &
+        -(16/eltSize)``, total ``base * nranks``; the collectives whose count is the whole buffer (all_reduce,
+        broadcast, reduce, sendrecv) take ``count`` as it is. ``elt_bytes`` is 4: commbench's sizes count the user's
+        fp32 elements, so its rows line up with an fp32 nccl-tests log of the same size."""
+        if not self.per_rank_count():
+            return total
         align = max(16 // elt_bytes, 1)
         return n * ((total // n) // align * align)
 
@@ -113,8 +174,101 @@ class Collective(ABC):
             total=total,
             input_numel=count(self.input_per_rank),
             output_numel=count(self.output_per_rank),
-            count=count(self.count_per_rank),
+            count=count(self.per_rank_count()),
         )
+
+    def configured(self, root: int = 0, op: str = "sum") -> Collective:
+        """This collective with nccl-tests' ``-r`` root (rooted collectives) and ``-o`` reduction op (reductions);
+        the registered instance itself when both are the defaults or mean nothing to it. ``ValueError`` (one line)
+        for an op outside :data:`REDUCE_OPS` or a negative root."""
+        if op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduction op {op!r}; valid choices: {', '.join(REDUCE_OPS)}")
+        if root < 0:
+            raise ValueError(f"root must be a rank >= 0, got {root}")
+        root = root if self.rooted else 0
+        op = op if self.reduces else self.redop
+        if root == self.root and op == self.redop:
+            return self
+        out = copy.copy(self)
+        out.root, out.redop = root, op
+        return out
+
+    def unsupported(self, backend: str, n: int) -> str | None:
+        """Why this configuration cannot run on ``backend`` with ``n`` ranks (one line), None when it can."""
+        if self.rooted and self.root >= n:
+            return f"root {self.root} is not a rank of a group of {n} (valid roots: 0..{n - 1})"
+        if self.reduces and backend == "gloo" and self.redop not in GLOO_OPS:
+            return f"gloo has no {self.redop!r} reduction (valid on gloo: {', '.join(GLOO_OPS)}; avg needs NCCL)"
+        return None
+
+    def reduce_op(self) -> Any:
+        """torch's ``ReduceOp`` of :attr:`redop`."""
+        return reduce_op(self.redop)
+
+    def sources(self, rank: int, n: int, layout: Layout) -> list[Piece] | None:
+        """Where each peer's input enters ``rank``'s expected output (the checks build their float64 expectation
+        from these, block by block; :func:`commbench.measure.check.references` confirms them against
+        :meth:`reference` once per collective and world). No piece: nothing of this rank's output is defined
+        (reduce or gather off the root), so nothing of it is compared.
+
+        By default guessed from the shapes: reductions combine each peer's ``[reduced_offset, +output_numel)``
+        (all_reduce: all, reduce_scatter: this rank's slice); the others concatenate one piece per peer
+        (all_gather: the peer's whole input, all_to_all: its chunk for this rank); None when the shapes say nothing
+        (the checks then stack the world's inputs and ask :meth:`reference`)."""
+        m_in, m_out = layout.input_numel, layout.output_numel
+        if self.reduces:
+            off = self.reduced_offset(rank, layout)
+            return [Piece(r, off, m_out, 0) for r in range(n)] if off + m_out <= m_in else None
+        k = m_out // n
+        if k * n != m_out or m_in not in (k, m_out):
+            return None
+        start = 0 if m_in == k else rank * k
+        return [Piece(r, start, k, r * k) for r in range(n)]
+
+    def expected_numel(self, rank: int, n: int, layout: Layout) -> int:
+        """Elements at the start of ``rank``'s output that :meth:`sources` defines (the part the checks compare; the
+        whole output when the sources are unknown)."""
+        pieces = self.sources(rank, n, layout)
+        if pieces is None:
+            return layout.output_numel
+        return max((p.out_offset + p.length for p in pieces), default=0)
+
+    def combine(self, acc: torch.Tensor, x: torch.Tensor) -> None:
+        """``acc <- acc op x`` in place (float64), for :attr:`redop`; ``avg`` sums (:meth:`finish` divides)."""
+        import torch
+
+        if self.redop in ("sum", "avg"):
+            acc.add_(x)
+        elif self.redop == "prod":
+            acc.mul_(x)
+        else:
+            torch.minimum(acc, x, out=acc) if self.redop == "min" else torch.maximum(acc, x, out=acc)
+
+    def finish(self, acc: torch.Tensor, n: int) -> None:
+        """The last step of a reduction over ``n`` ranks: ``avg`` divides the sum by ``n``."""
+        if self.redop == "avg":
+            acc.div_(n)
+
+    def reduce_stack(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``xs`` reduced elementwise by :attr:`redop`, in float64 (the references' reduction)."""
+        import torch
+
+        stacked = torch.stack(list(xs)).to(torch.float64)
+        reducers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+            "sum": lambda t: t.sum(dim=0),
+            "prod": lambda t: t.prod(dim=0),
+            "min": lambda t: t.amin(dim=0),
+            "max": lambda t: t.amax(dim=0),
+            "avg": lambda t: t.mean(dim=0),
+        }
+        return reducers[self.redop](stacked)
+
+    def op_tolerance(self, abs_sum: torch.Tensor, wire_eps: float) -> torch.Tensor | float:
+        """What the reduction op itself rounds on exactly representable inputs, on top of the precision's
+        tolerance: ``avg`` divides by n (inexact unless n is a power of two), at most ``eps * sum |x|`` in the
+        wire dtype whichever way the backend divides (after the sum, or each term as NCCL's pre-multiplied sum);
+        sum, min and max of those inputs are exact, and so is prod unless it overflows the wire dtype (counted)."""
+        return abs_sum * wire_eps if self.redop == "avg" else 0.0
 
     dist_ops: ClassVar[tuple[str, ...]] = ()
     """torch.distributed's out-of-place ``fn(out, inp, group=, async_op=)`` for this collective, newest name
@@ -125,7 +279,8 @@ class Collective(ABC):
     ) -> Any:
         """Run natively on tensors of the wire dtype (``out`` may be ``inp`` for in-place collectives); with
         ``async_op`` returns the torch ``Work`` handle, else None."""
-        return dist_op(*self.dist_ops)(out, inp, group=group, async_op=async_op)
+        kwargs = {"op": self.reduce_op()} if self.reduces else {}
+        return dist_op(*self.dist_ops)(out, inp, group=group, async_op=async_op, **kwargs)
 
     @abstractmethod
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
@@ -142,14 +297,23 @@ class Collective(ABC):
         """Whether the chunked codec algorithm (:mod:`commbench.measure.chunked`) implements this collective."""
         return self.chunked_variant is not None
 
+    def chunked_kwargs(self, layout: Layout) -> dict[str, Any]:
+        """Keyword arguments of this collective's chunked algorithm beyond ``(codec, input elements, group,
+        device)`` (the rooted and point-to-point collectives pass themselves and their layout)."""
+        return {}
+
     def chunked_op(self, codec: Any, layout: Layout, group: dist.ProcessGroup | None, device: torch.device) -> Any:
         """The chunked codec algorithm for this collective (encode per chunk, exchange, decode): the
         :class:`~commbench.measure.precision.PointOp` running ``codec`` (a :class:`~commbench.measure.codec.Codec`).
-        Both are typed loosely here because both modules build on this one."""
+        Both are typed loosely here because both modules build on this one. The algorithms reduce by an fp32 sum:
+        another op is :class:`~commbench.measure.precision.Unsupported` (the same on every rank: skipped, said once)."""
         if self.chunked_variant is None:
             raise ValueError(f"the chunked codec algorithm does not implement {self.name!r}")
+        if self.reduces and self.redop != "sum":
+            raise Unsupported(f"the chunked codec algorithm reduces by an fp32 sum; --op {self.redop} needs a "
+                              "native or cast precision")  # fmt: skip
         algorithm = CHUNKED_ALGORITHMS[self.chunked_variant]
-        return algorithm(codec, layout.input_numel, group, device)
+        return algorithm(codec, layout.input_numel, group, device, **self.chunked_kwargs(layout))
 
 
 class AllReduce(Collective):
@@ -161,12 +325,8 @@ class AllReduce(Collective):
     order = 0
     bus_passes = 2
     nccl_tree = True
-    count_per_rank = False
     chunked_variant = "ChunkedAllReduce"
     chunked_encodings = 2
-
-    def round_total(self, total: int, n: int, elt_bytes: int = 4) -> int:
-        return total
 
     def run(
         self, inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
@@ -174,12 +334,10 @@ class AllReduce(Collective):
         import torch.distributed as dist
 
         # torch's all_reduce is in place; the op object passes the same tensor as inp and out.
-        return dist.all_reduce(out, group=group, async_op=async_op)
+        return dist.all_reduce(out, op=self.reduce_op(), group=group, async_op=async_op)
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
-        import torch
-
-        return torch.stack(inputs).sum(dim=0)
+        return self.reduce_stack(inputs)
 
     def out_of_place(self) -> bool:
         return False
@@ -214,10 +372,8 @@ class ReduceScatter(Collective):
     dist_ops = ("reduce_scatter_single", "reduce_scatter_tensor")
 
     def reference(self, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
-        import torch
-
         m = inputs[0].numel() // len(inputs)
-        return torch.stack([x[rank * m : (rank + 1) * m] for x in inputs]).sum(dim=0)
+        return self.reduce_stack([x[rank * m : (rank + 1) * m] for x in inputs])
 
     def reduced_offset(self, rank: int, layout: Layout) -> int:
         return rank * layout.output_numel

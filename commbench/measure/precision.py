@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from commbench.core.registry import OptionRegistry
 from commbench.measure.collectives import Collective, Layout
+from commbench.measure.collectives import Unsupported as Unsupported  # defined below, with the collectives
 
 if TYPE_CHECKING:
     import torch
@@ -92,12 +93,6 @@ class PointOp(Protocol):
     def decode(self) -> None: ...
     def result(self) -> torch.Tensor: ...
     def received(self) -> list[ReceivedChunk]: ...
-
-
-class Unsupported(RuntimeError):
-    """Raised by :meth:`Precision.make_op` when the precision cannot run here after all (a probe of what the
-    backend really does refused it). The decision must be the same on every rank of the group (agreed across
-    them), so every rank skips the point together: the sweep skips it with this message as its note."""
 
 
 class Precision(ABC):
