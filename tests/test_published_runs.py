@@ -1,0 +1,264 @@
+"""The published-runs data file (benchmarks/data/published_runs.toml) and the arithmetic of
+benchmarks/bench_plan_published.py (issue 32, item 7). Not the planner's accuracy: that is the benchmark's output.
+
+The data file is checked against the sources' own printed figures, which constrain one another: Narayanan et al.
+2021 print TFLOP/s per GPU, the aggregate PFLOP/s, the percentage of the A100's 312 TFLOP/s and the days to train
+300B tokens; Korthikanti et al. 2022 an iteration time and an MFU; BLOOM's log a time, samples/s and TFLOPs;
+Llama 3 a batch per DP group, tokens per batch, TFLOPs/GPU and MFU. Each pair must agree through the paper's stated
+formula, written out again here.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_plan_published", REPO / "benchmarks" / "bench_plan_published.py")
+assert _spec is not None and _spec.loader is not None
+bpp = importlib.util.module_from_spec(_spec)
+sys.modules["bench_plan_published"] = bpp
+_spec.loader.exec_module(bpp)
+
+DATA = bpp.load()
+RUNS = {r["id"]: r for r in DATA["run"]}
+A100_PEAK = 312e12  # NVIDIA A100 datasheet, dense FP16/BF16 tensor core
+H100_PEAK = 989e12  # NVIDIA H100 SXM datasheet, dense BF16 tensor core
+
+
+def of(source: str) -> list[dict[str, Any]]:
+    return [r for r in DATA["run"] if r["source"] == source]
+
+
+# ------------------------------------------------------------------------------------------- the data file
+
+
+def test_data_file_is_valid() -> None:
+    assert bpp.validate(DATA) == []
+    assert len(DATA["run"]) >= 30
+    assert set(DATA["calibration"]) == {"a100", "h100"}
+
+
+def test_validate_names_each_problem() -> None:
+    run = dict(RUNS["nar21-t2-ptdp-175b-384"], id="bad", dp=5, assumed=["nope"])
+    bad = bpp.validate({**DATA, "run": [*DATA["run"], run, dict(run)]})
+    assert "duplicate run id 'bad'" in bad
+    assert any("tp*pp*cp*dp = 480 != 384 GPUs" in b for b in bad)
+    assert any("assumed names unknown field 'nope'" in b for b in bad)
+    assert any("not a multiple of dp x micro-batch" in b for b in bad)
+    typo = {k: v for k, v in run.items() if k != "heads"}
+    assert any("bad: heads missing" in b for b in bpp.validate({**DATA, "run": [typo]}))
+
+
+def test_megatron_layouts_split_layers_evenly() -> None:
+    # Megatron-LM (2021) requires layers divisible by pp * vpp (and the interleaved schedule vpp > 1 chunks)
+    for r in of("nar21_t1") + of("kor22"):
+        assert r["layers"] % (r["pp"] * r["vpp"]) == 0, r["id"]
+
+
+def test_table1_params_follow_megatron_count() -> None:
+    # Narayanan et al. 2021, section 5.1: P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h))
+    for r in of("nar21_t1") + of("nar21_t2"):
+        l, h, v, s = r["layers"], r["hidden"], r["vocab"], r["seq"]  # noqa: E741
+        p = 12 * l * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))
+        assert p / 1e9 == pytest.approx(r["published_params_b"], rel=0.005, abs=0.05), r["id"]
+        assert bpp.params(r) == pytest.approx(p + 2 * h, rel=1e-9), r["id"]  # + the final LayerNorm it leaves out
+
+
+def test_table1_columns_agree() -> None:
+    # aggregate = per GPU x GPUs; percentage of peak = per GPU / 312 (the per-GPU figure is rounded to an integer)
+    for r in of("nar21_t1"):
+        x, n = r["published_tflops_per_gpu"], bpp.gpus(r)
+        assert x * n / 1e3 == pytest.approx(r["published_aggregate_pflops"], rel=0.004), r["id"]
+        assert 100 * x / 312 == pytest.approx(r["published_percent_peak"], abs=0.75), r["id"]
+
+
+def test_table2_days_follow_eq3() -> None:
+    # the printed days for 300B tokens follow from the printed TFLOP/s only with Eq. 3's recompute factor
+    # (96 = 4 x 24); with the 72 of a run without recompute they would be 25 % shorter
+    for r in of("nar21_t2"):
+        l, h, v, s = r["layers"], r["hidden"], r["vocab"], r["seq"]  # noqa: E741
+        per_token = 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        days = 300e9 * per_token / (r["published_tflops_per_gpu"] * 1e12 * bpp.gpus(r)) / 86400
+        assert days == pytest.approx(r["published_days_300b"], rel=0.03), r["id"]
+
+
+def test_table2_fixed_batch_series() -> None:
+    # "batch size" is held while GPUs grow; ZeRO-3 runs one micro-batch per rank, so micro-batch x GPUs = batch
+    for r in of("nar21_t2"):
+        if r["strategy"] == "zero3":
+            assert r["micro_batch"] * bpp.gpus(r) == r["global_batch"], r["id"]
+            assert (r["tp"], r["pp"]) == (1, 1)
+        else:
+            assert r["tp"] * r["pp"] in (96, 280)
+
+
+def test_korthikanti_mfu_follows_iteration_time() -> None:
+    # section 6 of the paper: model FLOPs 72 B s l h^2 (1 + s/(6h) + V/(12 l h)), MFU = FLOPs / (time x GPUs x peak)
+    for r in of("kor22"):
+        if "published_mfu" not in r:
+            continue
+        b, l, h, v, s = r["global_batch"], r["layers"], r["hidden"], r["vocab"], r["seq"]  # noqa: E741
+        flops = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+        mfu = flops / (r["published_step_time_s"] * bpp.gpus(r) * A100_PEAK)
+        assert mfu == pytest.approx(r["published_mfu"], abs=0.005), r["id"]
+        assert r["published_hfu"] >= r["published_mfu"]
+
+
+def test_bloom_log_line_agrees() -> None:
+    r = RUNS["bloom-176b"]
+    assert r["global_batch"] / r["published_step_time_s"] == pytest.approx(r["published_samples_per_s"], rel=1e-4)
+    # Megatron-DeepSpeed's TFLOPs: Eq. 3 (the "4*2" hardware count of a run with activation checkpointing)
+    l, h, v, s = r["layers"], r["hidden"], r["vocab"], r["seq"]  # noqa: E741
+    f = 96 * r["global_batch"] * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    assert f / (r["published_step_time_s"] * bpp.gpus(r)) / 1e12 == pytest.approx(
+        r["published_tflops_per_gpu"], rel=2e-3
+    )
+    # the BLOOM paper's 176,247M: l (12 h^2 + 13 h) + V h, no position parameters (ALiBi)
+    assert bpp.params(r) / 1e6 == pytest.approx(r["published_params_b"] * 1e3, rel=1e-4)
+
+
+def test_llama3_rows_agree() -> None:
+    for r in of("llama3"):
+        tokens = r["global_batch"] * r["seq"]
+        assert tokens == pytest.approx(16e6, rel=0.05), r["id"]  # "Tokens/Batch 16M"
+        assert r["published_tflops_per_gpu"] * 1e12 / H100_PEAK == pytest.approx(r["published_mfu"], abs=0.01)
+        assert bpp.params(r) / 1e9 == pytest.approx(405.0, rel=0.01)  # Llama 3 405B
+    # batch size per DP group x DP, as printed: 32 x 64, 16 x 128, 16 x 8
+    assert [r["global_batch"] // r["dp"] for r in of("llama3")] == [32, 16, 16]
+
+
+def test_mlperf_global_batch() -> None:
+    r = RUNS["mlperf31-gpt3-10752"]
+    assert r["global_batch"] == 8 * (bpp.gpus(r) // (r["tp"] * r["pp"]))  # GBS = MINIBS x (GPUs // (TP x PP))
+
+
+def test_published_rankings_hold_in_the_data() -> None:
+    assert len(DATA["ranking"]) >= 10
+    for k in DATA["ranking"]:
+        assert bpp.published_holds(DATA, k), k["id"]
+        assert not bpp.published_holds(DATA, dict(k, better=k["worse"], worse=k["better"])), k["id"]
+    # Table 2 as printed: ZeRO-3 at 1536 GPUs runs at under a third of PTD-P
+    z, p = RUNS["nar21-t2-zero3-175b-1536"], RUNS["nar21-t2-ptdp-175b-1536"]
+    assert z["published_tflops_per_gpu"] / p["published_tflops_per_gpu"] < 1 / 3
+
+
+# ------------------------------------------------------------------------------------- the script's arithmetic
+
+
+def test_reference_step_time_matches_the_days_column() -> None:
+    # independent printed figure: days for 300B tokens -> seconds per step of B x s tokens
+    for r in of("nar21_t2"):
+        steps = 300e9 / (r["global_batch"] * r["seq"])
+        assert bpp.published_step_time(r) == pytest.approx(r["published_days_300b"] * 86400 / steps, rel=0.03)
+    assert bpp.published_step_time(RUNS["kor22-1t-selective"]) == 71.49
+
+
+def test_palm_flops_by_hand() -> None:
+    run = dict(RUNS["llama3-405b-8k"], layers=2, hidden=8, heads=2, kv_heads=1, ffn=16, vocab=10, seq=4, global_batch=3)
+    # per layer: q, o 2*64 + k, v 2*8*4 + SwiGLU 3*8*16 + two RMSNorms 2*8 = 128 + 64 + 384 + 16 = 592
+    n = 2 * 592 + 8 + 2 * 10 * 8
+    assert bpp.params(run) == n
+    assert bpp.palm_flops(run) == 3 * 4 * (6 * n + 12 * 2 * 8 * 4)
+    r = RUNS["llama3-405b-8k"]
+    assert bpp.per_gpu_rate(r, bpp.published_step_time(r)) == pytest.approx(430e12, rel=1e-12)
+
+
+def test_calibrate_solves_for_kernel_efficiency() -> None:
+    calls: list[float] = []
+
+    def linear(k: float) -> float:  # compute / k + exposed rest
+        calls.append(k)
+        return 10.0 / k + 3.0
+
+    k = bpp.calibrate(linear, 10.0 / 0.37 + 3.0)
+    assert k == pytest.approx(0.37, rel=1e-3)
+    assert len(calls) <= 4
+    k = bpp.calibrate(lambda k: 10.0 / k + 2.0 * math.sqrt(1.0 / k), 30.0)  # not linear in 1/k
+    assert 10.0 / k + 2.0 * math.sqrt(1.0 / k) == pytest.approx(30.0, rel=1e-3)
+    with pytest.raises(ValueError, match="no kernel efficiency"):
+        bpp.calibrate(linear, 1.0)
+
+
+def test_plan_argv_and_missing_flags(tmp_path: Path) -> None:
+    r = RUNS["bloom-176b"]
+    argv, missing = bpp.plan_argv(r, tmp_path, {"--tp", "--strategies", "--precisions"}, kernel_efficiency=0.5)
+    assert argv[:3] == ["plan", "--tp", "4"]
+    assert argv[argv.index("--pp") + 1] == "12" and argv[argv.index("--global-batch") + 1] == "2048"
+    assert argv[argv.index("--strategies") + 1] == "zero1" and "--biases" in argv and "--tied-embeddings" in argv
+    assert "--tp" not in missing and "--pp" in missing and "--kernel-efficiency" in missing
+    assert "--sequence-parallel" not in argv  # optional, and BLOOM did not use it
+    everything = {*bpp.REQUIRED, "--biases", "--tied-embeddings", "--strategy", "--precision", "--sequence-parallel"}
+    argv, missing = bpp.plan_argv(RUNS["llama3-405b-8k"], tmp_path, everything)
+    assert missing == [] and "--strategy" in argv and "--sequence-parallel" in argv and "--biases" not in argv
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_read_priced_picks_the_layout(tmp_path: Path) -> None:
+    r = RUNS["nar21-t2-ptdp-175b-384"]
+    base = {"tp": 8, "pp": 12, "dp": 4, "cp": 1, "vpp": 1, "micro_batch": 1, "strategy": "ddp", "precision": "bf16",
+            "step_time_s": 80.0, "step_time_low_s": 70.0, "step_time_high_s": 90.0, "tflops_per_gpu": 140.0,
+            "mfu": 0.45, "fits": "True"}  # fmt: skip
+    write_csv(tmp_path / "plan.csv", [dict(base, strategy="zero3", step_time_s=1.0), base])
+    p = bpp.read_priced(tmp_path / "plan.csv", r)
+    assert isinstance(p, bpp.Priced) and p.step_time_s == 80.0 and p.low_s == 70.0
+    write_csv(tmp_path / "plan.csv", [dict(base, tp=4)])
+    assert "no row for tp=8" in bpp.read_priced(tmp_path / "plan.csv", r)
+    write_csv(tmp_path / "plan.csv", [{k: v for k, v in base.items() if k != "mfu"}])
+    assert bpp.read_priced(tmp_path / "plan.csv", r) == "plan.csv lacks mfu"
+
+
+def fake_pricer(scale: dict[str, float]) -> Any:
+    """A plan whose step time is published x scale[id] x (0.5 / k) and whose interval is +-10 %."""
+
+    def pricer(run: dict[str, Any], flags: set[str], k: float | None) -> Any:
+        if run["id"] not in scale:
+            return "plan lacks --vpp"
+        t = bpp.published_step_time(run) * scale[run["id"]] * (0.5 / (0.5 if k is None else k))
+        return bpp.Priced(t, 0.9 * t, 1.1 * t, 100.0, 0.4, "True")
+
+    return pricer
+
+
+def test_evaluate_calibrates_and_holds_out() -> None:
+    ids = ["nar21-t2-ptdp-175b-384", "nar21-t2-zero3-175b-384", "llama3-405b-8k", "llama3-405b-16k", "bloom-176b"]
+    runs = [RUNS[i] for i in ids]
+    scale = {ids[0]: 1.25, ids[1]: 1.0, ids[2]: 0.8, ids[3]: 0.8}  # bloom: not priceable
+    outcomes, k, notes = bpp.evaluate(DATA, runs, set(), calibrated=True, pricer=fake_pricer(scale))
+    assert k["a100"] == pytest.approx(0.5 * 1.25, rel=2e-3) and k["h100"] == pytest.approx(0.5 * 0.8, rel=2e-3)
+    assert [o.role for o in outcomes] == ["calibration", "held out", "calibration", "held out", "held out"]
+    by = {o.run["id"]: o for o in outcomes}
+    assert by[ids[0]].ratio == pytest.approx(1.0, abs=2e-3) and by[ids[3]].ratio == pytest.approx(1.0, abs=2e-3)
+    # ZeRO-3 at the calibrated A100 efficiency: 0.5 / 0.625 = 0.8 of its published time, 1.25x its throughput
+    assert by[ids[1]].ratio == pytest.approx(1.25, rel=2e-3) and by[ids[1]].inside is False
+    assert by["bloom-176b"].priced == "plan lacks --vpp" and by["bloom-176b"].ratio is None
+    s = bpp.summary(outcomes)
+    assert s["priced"] == 2 and s["of"] == 3 and s["inside"] == 1
+    assert s["median_abs_err"] == pytest.approx(statistics.median([0.25, 0.0]), abs=3e-3)
+    assert s["max_abs_err"] == pytest.approx(0.25, abs=3e-3) and s["within_10"] == 1 and s["within_20"] == 1
+    assert any("a100: kernel efficiency 0.62" in n for n in notes)
+    text = bpp.report(DATA, outcomes, k, "t")
+    assert "| bloom-176b |" in text and "not priced: plan lacks --vpp" in text and "Held out: 2 of 3" in text
+
+
+def test_rankings_compare_per_gpu_rates() -> None:
+    ids = ["nar21-t2-ptdp-175b-1536", "nar21-t2-zero3-175b-1536"]
+    # ZeRO-3 priced faster than PTD-P at the same GPUs and batch: the published order is reversed
+    outcomes, _, _ = bpp.evaluate(DATA, [RUNS[i] for i in ids], set(), False, fake_pricer({ids[0]: 1.0, ids[1]: 0.2}))
+    got = {rid: same for rid, _c, _p, same in bpp.rankings(DATA, outcomes)}
+    assert got == {"t2-175b-1536": False}
+    outcomes, _, _ = bpp.evaluate(DATA, [RUNS[i] for i in ids], set(), False, fake_pricer({ids[0]: 1.0, ids[1]: 0.5}))
+    assert {rid: same for rid, _c, _p, same in bpp.rankings(DATA, outcomes)} == {"t2-175b-1536": True}
