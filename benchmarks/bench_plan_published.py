@@ -430,8 +430,11 @@ def report(data: dict[str, Any], outcomes: Sequence[Outcome], k_by_gpu: dict[str
                      f"published inside the interval: {s['inside']}.")  # fmt: skip
     else:
         lines.append(f"{who}: none of {s['of']} runs priced.")
+    ranked = rankings(data, outcomes)
+    if not ranked:
+        return "\n".join([*lines, "", "No published ranking among these runs."])
     lines += ["", "| ranking | published | plan: same order |", "|---|---|---|"]
-    for rid, claim, published, same in rankings(data, outcomes):
+    for rid, claim, published, same in ranked:
         cell = "not priced" if same is None else ("yes" if same else "**no**")
         lines.append(f"| {rid}: {claim} | {'holds' if published else 'does not hold'} | {cell} |")
     return "\n".join(lines)
