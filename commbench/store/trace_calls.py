@@ -114,6 +114,13 @@ _FUNCTIONAL_OPS: dict[str, tuple[str, int, int, str]] = {
     "_c10d_functional::broadcast_": ("broadcast", 2, -1, "same"),
 }
 
+NON_CALL_OPS = frozenset({
+    "_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd", "c10d::wait", "c10d::monitored_barrier_",
+    "_c10d_functional_autograd::wait_tensor",
+})  # fmt: skip
+"""Communication operators that are no call: waiting for one (a functional collective's ``wait_tensor``), autograd's
+wrapper of its result."""
+
 COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:", "record_param_comms")
 """Names of events that are communication: every one is a call, a backend work item, or counted as unread."""
 
@@ -385,6 +392,9 @@ def add_calls(trace: Trace, events: list[OpEvent], step_of: Callable[[OpEvent], 
     keep ``group`` None (the replay puts them on the whole world and says so)."""
     order: Counter[int] = Counter()
     for ev in events:
+        if ev.name in NON_CALL_OPS:
+            trace.skipped[f"{ev.name} (no payload: part of a call)"] += 1
+            continue
         try:
             if ev.name == "record_param_comms":
                 coll, nin, nout, dtype, name = param_comms_call(ev, trace.groups, trace.world_size)

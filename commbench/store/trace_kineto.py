@@ -133,7 +133,8 @@ def read_kineto(path: str, data: dict[str, Any]) -> Trace:
     events = data.get("traceEvents")
     if not isinstance(events, list):
         raise TraceError(f"{path}: 'traceEvents' is not a list: not a torch.profiler trace")
-    info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
+    raw_info = data.get("distributedInfo")
+    info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
     rank = int(info.get("rank", 0)) if isinstance(info.get("rank", 0), int) else 0
     world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     trace = Trace(

@@ -188,3 +188,49 @@ def rank_mismatches(traces: list[Trace], step: int) -> list[str]:
         elif key(t) != key(base):
             out.append(f"rank {t.rank}'s collectives in step {step} differ from rank {base.rank}'s")
     return out
+
+
+def _completed(group: tuple[int, ...], world: int) -> list[list[int]] | None:
+    """Every group of ``group``'s layout on ``world`` ranks, when ``group`` is a block of consecutive ranks or ranks
+    a fixed stride apart (how DeviceMesh and torchrun's rank order lay out TP, DP and PP groups): the blocks of
+    ``stride x size`` ranks, each split into ``stride`` groups."""
+    k = len(group)
+    stride = group[1] - group[0] if k > 1 else 1
+    if stride < 1 or any(b - a != stride for a, b in zip(group, group[1:], strict=False)) or world % (stride * k):
+        return None
+    span = stride * k
+    parts = [[start + off + i * stride for i in range(k)] for start in range(0, world, span) for off in range(stride)]
+    return parts if list(group) in parts else None
+
+
+def trace_groups(traces: list[Trace], calls: list[TraceCall], world: int) -> list[list[list[int]]]:
+    """Each call's group layout on ``world`` ranks (every group of the layout, as lists of ranks): the trace's own
+    groups of the same description where every rank's traces list them all, else completed from the call's group
+    (:func:`_completed`). A trace of another world size maps onto this one only through whole-world groups;
+    TraceError (one line) for a group that cannot be rebuilt."""
+    trace_world = traces[0].world_size
+    known: dict[tuple[int, ...], str] = {}
+    for t in traces:
+        for g in t.groups.values():
+            known.setdefault(g.ranks, g.desc)
+    out = []
+    for c in calls:
+        if c.group is None or (trace_world is not None and sorted(c.group) == list(range(trace_world))):
+            out.append([list(range(world))])
+            continue
+        if trace_world != world:
+            raise TraceError(
+                f"the trace's {c.collective} runs on group {list(c.group)} of a {trace_world}-rank world: only "
+                f"whole-world groups map onto {world} ranks (replay with --nproc {trace_world})"
+            )
+        desc = known.get(c.group, "")
+        family = [list(g) for g, d in known.items() if desc and d == desc and len(g) == len(c.group)]
+        if sorted(r for g in family for r in g) != list(range(world)):
+            family = _completed(c.group, world) or []
+        if sorted(r for g in family for r in g) != list(range(world)):
+            raise TraceError(
+                f"the trace's group {list(c.group)} ({desc or 'no description'}) is neither regular nor listed with "
+                f"the rest of its layout: give every rank's trace"
+            )
+        out.append(sorted(family))
+    return out
