@@ -18,6 +18,7 @@ from commbench.cli.common import positive_float as _positive_float
 from commbench.cli.common import positive_int as _positive_int
 from commbench.cli.common import size as _size
 from commbench.cli.plan_cmd import add_plan_parser, cmd_plan
+from commbench.cli.replay_cmd import add_replay_parser, cmd_replay
 from commbench.core.records import COMMBENCH_VERSION
 from commbench.core.suite import (
     BACKENDS,
@@ -182,6 +183,7 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
     ft.add_argument("--out", type=Path, required=True, help="model JSON to write (e.g. model.json)")
 
     add_plan_parser(sub)
+    add_replay_parser(sub)
     for parser in sub.choices.values():  # also after the sub-command (its own dest: the sub-parser's would win)
         parser.add_argument(
             "--plugin", action="append", dest="plugins_after", default=[], metavar="MODULE", help=PLUGIN_HELP
@@ -563,6 +565,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "import": cmd_import,
     "fit": cmd_fit,
     "plan": cmd_plan,
+    "replay": cmd_replay,
 }
 """Sub-command -> handler (parsed arguments, the argv as typed) -> exit code."""
 
