@@ -64,7 +64,7 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
 CHOICES = {
     "mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm"), "position": ("learned", "none"),
     "recompute": ("none", "selective", "full"), "strategy": ("ddp", "zero1", "zero2", "zero3"),
-    "precision": ("bf16", "fp8"), "reference": ("step_time", "megatron_eq3", "palm_mfu"),
+    "precision": ("bf16", "fp8"), "reference": ("step_time", "megatron_eq3", "model_mfu", "palm_mfu"),
 }  # fmt: skip
 
 # --------------------------------------------------------------------------------------------- the data file
@@ -117,13 +117,16 @@ def palm_flops(run: Run) -> float:
 
 def work(run: Run) -> float:
     """FLOPs of one step in the convention of the run's source (model FLOPs where it prints a time)."""
-    return {"megatron_eq3": eq3_flops, "palm_mfu": palm_flops, "step_time": model_flops}[run["reference"]](run)
+    by = {"megatron_eq3": eq3_flops, "palm_mfu": palm_flops, "model_mfu": model_flops, "step_time": model_flops}
+    return by[run["reference"]](run)
 
 
 def published_step_time(run: Run) -> float:
     """The step time the run's printed figure implies, seconds (module docstring)."""
     if run["reference"] == "step_time":
         return float(run["published_step_time_s"])
+    if run["reference"] == "model_mfu":
+        return work(run) / (float(run["published_mfu"]) * float(run["published_peak_tflops"]) * 1e12 * gpus(run))
     return work(run) / (float(run["published_tflops_per_gpu"]) * 1e12 * gpus(run))
 
 
@@ -157,9 +160,10 @@ def validate(data: dict[str, Any]) -> list[str]:
             bad.append(f"{rid}: global batch {r['global_batch']} not a multiple of dp x micro-batch")
         if r["pp"] > r["layers"]:
             bad.append(f"{rid}: pp={r['pp']} > {r['layers']} layers")
-        need = "published_step_time_s" if r["reference"] == "step_time" else "published_tflops_per_gpu"
-        if not isinstance(r.get(need), float) or r[need] <= 0:
-            bad.append(f"{rid}: reference {r['reference']} needs a positive float {need}")
+        needs = {"step_time": ("published_step_time_s",), "model_mfu": ("published_mfu", "published_peak_tflops")}
+        for need in needs.get(r["reference"], ("published_tflops_per_gpu",)):
+            if not isinstance(r.get(need), float) or r[need] <= 0:
+                bad.append(f"{rid}: reference {r['reference']} needs a positive float {need}")
     known = set(ids)
     for k in data.get("ranking", []):
         bad += [
