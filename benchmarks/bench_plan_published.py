@@ -64,7 +64,7 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
 CHOICES = {
     "mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm"), "position": ("learned", "none"),
     "recompute": ("none", "selective", "full"), "strategy": ("ddp", "zero1", "zero2", "zero3"),
-    "precision": ("bf16", "fp8"), "reference": ("step_time", "megatron_eq3", "model_mfu", "palm_mfu"),
+    "precision": ("bf16", "fp32"), "reference": ("step_time", "megatron_eq3", "model_mfu", "palm_mfu"),
 }  # fmt: skip
 
 # --------------------------------------------------------------------------------------------- the data file
