@@ -235,6 +235,10 @@ class Priced:
     tflops_per_gpu: float
     mfu: float
     fits: str
+    bubble_frac: float = math.nan
+    """The plan's pipeline bubble, a fraction of the step (NaN: the plan has no such column)."""
+    comm_exposed_s: float = math.nan
+    """Communication no compute hides, s (NaN: no such column)."""
 
 
 def pick_row(rows: list[dict[str, str]], run: Run) -> tuple[dict[str, str] | None, str]:
@@ -262,7 +266,8 @@ def read_priced(csv_path: Path, run: Run) -> Priced | str:
         vals = [float(row[c]) for c in cols]
     except ValueError:
         return f"plan.csv has no number in {', '.join(c for c in cols if not _is_number(row[c]))}"
-    return Priced(vals[0], vals[1], vals[2], vals[3], vals[4], fits=row.get("fits", ""))
+    extra = [float(row[c]) if _is_number(row.get(c, "")) else math.nan for c in ("bubble_frac", "comm_exposed_s")]
+    return Priced(vals[0], vals[1], vals[2], vals[3], vals[4], row.get("fits", ""), extra[0], extra[1])
 
 
 def _is_number(s: str) -> bool:
@@ -408,7 +413,7 @@ def fmt_s(t: float) -> str:
 def table(outcomes: Sequence[Outcome], k_by_gpu: dict[str, float | None]) -> list[str]:
     """The per-run Markdown table."""
     lines = ["| run | GPUs | TPxCPxPPxDP, b, B | role | kernel eff. | published step | predicted step [low, high] "
-             "| pred/pub | inside | plan TFLOP/s, MFU |", "|" + "---|" * 10]  # fmt: skip
+             "| pred/pub | inside | plan: TFLOP/s, MFU, bubble, exposed comm |", "|" + "---|" * 10]  # fmt: skip
     for o in outcomes:
         r = o.run
         k = k_by_gpu.get(r["gpu"])
@@ -417,7 +422,7 @@ def table(outcomes: Sequence[Outcome], k_by_gpu: dict[str, float | None]) -> lis
         if isinstance(o.priced, Priced):
             p = o.priced
             lines.append(f"{head} {fmt_s(p.step_time_s)} [{p.low_s:.4g}, {p.high_s:.4g}] | {o.ratio:.3f} | "
-                         f"{'yes' if o.inside else 'no'} | {p.tflops_per_gpu:.1f}, {p.mfu:.3f} |")  # fmt: skip
+                         f"{'yes' if o.inside else 'no'} | {p.tflops_per_gpu:.1f}, {p.mfu:.3f}, {p.bubble_frac:.1%}, {fmt_s(p.comm_exposed_s)} |")  # fmt: skip
         else:
             lines.append(f"{head} not priced: {o.priced} | | | |")
     return lines
