@@ -11,6 +11,9 @@ result, and the check inputs are exact in every format, so the unfaulted run mus
 cannot change the result by arithmetic alone and are asserted to stay 0: a scale fault where no scale travels
 (``none`` scaling, casts), and swapping two whole contributions of a sum that carries no scales.
 
+The collectives of issue 33 (broadcast, reduce, gather, scatter, sendrecv, pp_sendrecv, with the root on the last
+rank) and the reduction ops max and prod run the same faults in one more world of 3 ranks.
+
 ``python -m tests.test_check_faults`` prints the table of what each fault gave at each world size.
 """
 
@@ -50,6 +53,8 @@ def _flip_bit(chunks: list) -> bool:
 
 
 def _swap(chunks: list) -> bool:
+    if len(chunks) < 2:  # one chunk (a broadcast's or a send's codec wire): nothing to swap it with
+        return False
     a, b = chunks[0].codes, chunks[1].codes
     k = min(a.numel(), b.numel())
     tmp = a[:k].clone()
@@ -59,7 +64,7 @@ def _swap(chunks: list) -> bool:
 
 
 def _rotate_scales(chunks: list) -> bool:
-    if any(c.scales is None for c in chunks):
+    if len(chunks) < 2 or any(c.scales is None for c in chunks):
         return False
     saved = [c.scales.clone() for c in chunks]
     for i, c in enumerate(chunks):
@@ -95,7 +100,9 @@ NOOP = -2
 swapped where no scale travels."""
 
 
-def _world(rank: int, n: int) -> dict[tuple[str, str, str], int]:
+def _world(
+    rank: int, n: int, colls: list[str] = COLLS, precs: list[str] = FP8 + CAST, root: int = 0, redop: str = "sum"
+) -> dict[tuple[str, str, str], int]:
     from commbench.cluster.launch import Dist, WorldInfo
     from commbench.core.suite import SuiteConfig
     from commbench.measure.check import check_point
@@ -111,12 +118,12 @@ def _world(rank: int, n: int) -> dict[tuple[str, str, str], int]:
         hosts=("h",) * n,
         threads=1,
     )
-    suite = SuiteConfig(collectives=COLLS, precisions=FP8 + CAST)
+    suite = SuiteConfig(collectives=colls, precisions=precs)
     out: dict[tuple[str, str, str], int] = {}
-    for pname in FP8 + CAST:
+    for pname in precs:
         prec = get_precision(pname)
-        for cname in COLLS:
-            coll = get_collective(cname)
+        for cname in colls:
+            coll = get_collective(cname).configured(root=root, op=redop)
             layout = coll.layout(coll.round_total(TOTAL, n), n)
             op = prec.make_op(coll, layout, None, d.device)
             for fault, fn in {"none": None, **FAULTS}.items():
@@ -165,11 +172,50 @@ def test_fault_injected_into_wire_is_counted_wrong(n: int) -> None:
     print("\n" + fault_table({n: res}))
 
 
+ROOTED = ["broadcast", "reduce", "gather", "scatter", "sendrecv", "pp_sendrecv"]
+"""The collectives of issue 33, with the root on the last rank (not the default 0), so a root read as 0 shows."""
+ROOTED_PRECS = ["fp32", "bf16_compress", "fp8_e4m3", "fp8_e5m2:block32", "fp8_e4m3:none"]
+REDUCING = ["all_reduce", "reduce_scatter", "reduce"]
+OPS = ["max", "prod"]
+"""Reduction ops other than sum, on the native and cast precisions (codecs sum only)."""
+
+
+def _world_rooted(rank: int, n: int) -> dict[tuple[str, str, str], int]:
+    """One spawned world for the rooted and point-to-point collectives and for the other reduction ops."""
+    out = _world(rank, n, ROOTED, ROOTED_PRECS, root=n - 1)
+    for op in OPS:
+        got = _world(rank, n, REDUCING, ["fp32", "bf16_compress"], root=n - 1, redop=op)
+        out.update({(p, f"{c}:{op}", f): w for (p, c, f), w in got.items()})
+    return out
+
+
+_rooted_cache: dict[int, dict[tuple[str, str, str], int]] = {}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [3])  # 3 ranks: a root that is neither 0 nor 1, a pipeline chain of two pairs
+def test_fault_in_rooted_and_p2p_collectives_is_counted_wrong(n: int) -> None:
+    if n not in _rooted_cache:
+        _rooted_cache[n] = run_in_world(_world_rooted, nproc=n, timeout=280)[0]
+    res = _rooted_cache[n]
+    assert {c for _, c, _ in res} == set(ROOTED) | {f"{c}:{op}" for c in REDUCING for op in OPS}
+    clean = {k: w for k, w in res.items() if k[2] == "none" and w != 0}
+    assert not clean, f"wrong elements without a fault at {n} ranks: {clean}"
+    missed = [k for k, w in res.items() if k[2] != "none" and w == 0]
+    assert not missed, f"faults not detected at {n} ranks: {missed}"
+    # the faults every wire can carry act on every collective: one flipped bit, a zeroed chunk, every sign
+    for fault in ("flip_bit", "zero_chunk", "negate"):
+        assert all(w > 0 for (p, c, f), w in res.items() if f == fault)
+    # a scale that travels is read: every scaled fp8 codec's scale fault is counted on every collective
+    assert all(res[(p, c, "scale_x1.1")] > 0 for p in ("fp8_e4m3", "fp8_e5m2:block32") for c in ROOTED)
+    print("\n" + fault_table({n: res}))
+
+
 def fault_table(results: dict[int, dict[tuple[str, str, str], int]]) -> str:
     """wrong per (precision, collective, fault) and world size; '-' where the fault has nothing to act on
     (no scale travels), 'no-op' where it cannot change the result."""
     sizes = sorted(results)
-    keys = sorted({k for r in results.values() for k in r}, key=lambda k: ((FP8 + CAST).index(k[0]), COLLS.index(k[1]), k[2]))
+    keys = sorted({k for r in results.values() for k in r}, key=lambda k: (k[0], k[1], k[2]))
     head = f"{'precision':<18} {'collective':<15} {'fault':<14}" + "".join(f" {'n=' + str(s):>7}" for s in sizes)
     lines = [head]
     for k in keys:

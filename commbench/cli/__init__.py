@@ -139,6 +139,9 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
     r.add_argument("--timing-mode", choices=TIMING_MODES, help=f"stream: k back-to-back ops per sample (nccl-tests); isolated: one op after --gap seconds of compute, as a training step issues it {dflt('timing.mode')}")
     r.add_argument("--gap", type=_positive_float, help=f"isolated mode: seconds of compute before each timed op {dflt('timing.gap_s')}")
     r.add_argument("--passes", type=_positive_int, help=f"visits of the whole grid, each taking its share of every point's rounds {dflt('timing.passes')}")
+    r.add_argument("-r", "--root", type=int, metavar="RANK", help=f"root rank, inside each group, of broadcast, reduce, gather and scatter (nccl-tests' -r) {dflt('root')}")
+    r.add_argument("-o", "--op", metavar="OP", help=f"reduction op of all_reduce, reduce_scatter and reduce: sum, prod, min, max, avg (nccl-tests' -o; avg needs NCCL, codecs reduce by sum only) {dflt('op')}")
+    r.add_argument("-G", "--cuda-graph", "--cudagraph", dest="cuda_graph", type=int, metavar="N", help=f"CUDA-graph mode (nccl-tests' -G): capture each sample's k ops in one CUDA graph and time N launches of it; NCCL on CUDA only (elsewhere one line says so and ops run eagerly) {dflt('timing.cuda_graph')}")
     r.add_argument("--no-training", action="store_true", help=f"skip the suite's [training] section (default: run it; {DEFAULT_SUITE} has one: {q.get('training', 'no')})")
     r.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report at the end (default: write it)")
     r.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar on a terminal's stderr)")
@@ -268,6 +271,8 @@ SUITE_OVERRIDES: dict[str, str] = {
     "factor": "stepfactor",
     "payload": "payload",
     "check": "check",
+    "root": "root",
+    "op": "op",
 }
 """Suite field -> `run` flag (argparse dest) that overrides it when given."""
 
@@ -294,6 +299,7 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
         ("warmup", args.warmup), ("min_time_s", args.min_time), ("min_iters", args.min_iters), ("repeats", args.repeats),
         ("target_ci", args.target_ci), ("budget_s", args.max_time), ("passes", args.passes),
         ("mode", args.timing_mode), ("gap_s", args.gap), ("device_timer", args.device_timer),
+        ("cuda_graph", args.cuda_graph),
     )  # fmt: skip
     timing = {k: v for k, v in flags if v is not None}
     if args.no_training and suite.training is not None:

@@ -17,6 +17,7 @@ from typing import Any
 from commbench.core.suite import SuiteConfig
 from commbench.core.units import format_size
 from commbench.measure import console
+from commbench.measure.collectives import check_configuration
 from commbench.measure.timing import sample_timer
 
 __all__ = [
@@ -241,6 +242,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         try:
             agree_fp8_codec(d)
             sample_timer(d, suite.timing.device_timer)  # events off CUDA: one line on every rank, before any point
+            check_configuration(suite.collectives, suite.root, suite.op, d.backend, d.world_size)  # -r, -o
         except ValueError as e:
             problem = str(e)
         from commbench.cluster.metadata import gather_nodes

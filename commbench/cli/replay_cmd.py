@@ -19,6 +19,7 @@ from typing import Any
 
 from commbench.cli.common import CLIError, csv_list, positive_float, positive_int
 from commbench.store.trace_calls import Trace, TraceCall, TraceError
+from commbench.store.trace_exposure import CPU_REASON, Exposure, exposure
 from commbench.store.traces import (
     describe,
     load_traces,
@@ -42,6 +43,8 @@ over this one's, paired in the same rounds."""
 STEP_COLUMNS = (
     "precision", "step_comm_us", "step_comm_ci_low_us", "step_comm_ci_high_us", "speedup", "speedup_ci_low",
     "speedup_ci_high", "speedup_significant", "bytes_per_step", "rel_err_max", "rel_err_mean", "calls_replayed",
+    "trace_step_us", "trace_comm_us", "exposed_us", "overlap_ratio", "projected_step_us", "projected_step_ci_low_us",
+    "projected_step_ci_high_us",
 )  # fmt: skip
 
 
@@ -57,10 +60,20 @@ def add_replay_parser(sub: Any) -> None:
     r.add_argument("traces", nargs="+", type=Path, metavar="TRACE", help="trace files or folders of them")
     r.add_argument("--precisions", type=csv_list, default=list(DEFAULT_PRECISIONS),
                    help="comma-separated; 'trace' = each call at the dtype it was recorded in (default: trace,bf16,fp8_e4m3)")  # fmt: skip
-    r.add_argument("--step", default="last", help="step to replay: last (default), first, a ProfilerStep number, or all (a trace without steps)")
+    r.add_argument(
+        "--step",
+        default="last",
+        help="step to replay: last (default), first, a ProfilerStep number, or all (a trace without steps)",
+    )
     r.add_argument("--out", type=Path, help="output folder (default: results/replay-<trace name>)")
-    r.add_argument("--nproc", type=positive_int, help="local ranks to spawn when not under torchrun/Slurm/MPI (default: the trace's world size)")
-    r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process group backend (default: auto)")
+    r.add_argument(
+        "--nproc",
+        type=positive_int,
+        help="local ranks to spawn when not under torchrun/Slurm/MPI (default: the trace's world size)",
+    )
+    r.add_argument(
+        "--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process group backend (default: auto)"
+    )
     r.add_argument("--max-time", type=positive_float, default=2.0, help="seconds of sampling per call size (default 2)")
     r.add_argument("--repeats", type=positive_int, default=6, help="minimum rounds per size and per step (default 6)")
     r.add_argument("--min-time", type=positive_float, help="minimum seconds per sample (default: the timing core's)")
@@ -85,7 +98,9 @@ def plan_calls(traces: list[Trace], step: int, world: int) -> tuple[list[TraceCa
         raise CLIError(str(e)) from None
     notes = rank_mismatches(traces, step)
     if any(c.group is None for c in calls):
-        notes.append("the trace records no process groups (an execution trace): every call is replayed on the whole world")
+        notes.append(
+            "the trace records no process groups (an execution trace): every call is replayed on the whole world"
+        )
     return calls, layouts, notes
 
 
@@ -121,7 +136,9 @@ def print_calls(traces: list[Trace], step: int) -> None:
     for t in traces:
         print(f"# {t.path}: rank {t.rank} of {t.world_size or '?'} ({t.backend or t.format}), step {step}")
         for r in step_rows(step_calls(t, step)):
-            print(f"  {r.collective:<15} {r.size_bytes:>12} B {r.dtype:<9} group {r.group_name} {list(r.group or [])}  x{r.calls_per_step}")
+            print(
+                f"  {r.collective:<15} {r.size_bytes:>12} B {r.dtype:<9} group {r.group_name} {list(r.group or [])}  x{r.calls_per_step}"
+            )
         _print_counts(t)
 
 
@@ -188,7 +205,8 @@ def write_outputs(out: Path, traces: list[Trace], step: int, result: Any, notes:
         })  # fmt: skip
     _csv(out / "replay.csv", ROW_COLUMNS, rows)
     replayed = sum(int(r["calls_per_step"]) for r in rows if r["trace_precision"])
-    steps = [step_row(s, replayed) for s in result.steps]
+    exp = exposure(traces[0], step)
+    steps = [step_row(s, replayed) | exposure_columns(exp, s) for s in result.steps]
     _csv(out / "replay_steps.csv", STEP_COLUMNS, steps)
     printer = PointPrinter()
     size_key = None
@@ -206,17 +224,47 @@ def write_outputs(out: Path, traces: list[Trace], step: int, result: Any, notes:
     print(f"# replay of step {step} of {traces[0].path} (rank {traces[0].rank} of {traces[0].world_size or '?'}):")
     for s in steps:
         sig = "significant" if s["speedup_significant"] else "not significant"
-        gain = "" if s["precision"] == "trace" else f", speed-up {s['speedup']:.3f} [{s['speedup_ci_low']:.3f}, {s['speedup_ci_high']:.3f}] ({sig})"
+        gain = (
+            ""
+            if s["precision"] == "trace"
+            else f", speed-up {s['speedup']:.3f} [{s['speedup_ci_low']:.3f}, {s['speedup_ci_high']:.3f}] ({sig})"
+        )
         print(
             f"#   {s['precision']:<10} comm {s['step_comm_us']:.1f} us/step [{s['step_comm_ci_low_us']:.1f}, "
             f"{s['step_comm_ci_high_us']:.1f}]{gain}, {s['bytes_per_step']} B/step, rel_err max {s['rel_err_max']:.2e}"
         )
+    if exp is None:
+        print(f"# exposure: {CPU_REASON}")
+    else:
+        print(
+            f"# exposure (HolisticTraceAnalysis' definition): step {exp.step_us:.1f} us, communication kernels "
+            f"{exp.comm_us:.1f} us, {100 * exp.overlap_ratio:.1f} % overlapped with compute, {exp.exposed_us:.1f} us exposed"
+        )
+        for s in steps[1:]:
+            print(
+                f"#   {s['precision']:<10} projected step {s['projected_step_us']:.1f} us "
+                f"[{s['projected_step_ci_low_us']:.1f}, {s['projected_step_ci_high_us']:.1f}] (exposed part / speed-up)"
+            )
     for why, n in result.not_replayed.items():
         print(f"# not replayed: {n} x {why}")
     _print_counts(traces[0])
     for n in notes:
         print(f"# note: {n}")
     print(f"# results: {out / 'replay.csv'}, {out / 'replay_steps.csv'}")
+
+
+def exposure_columns(exp: Exposure | None, s: Any) -> dict[str, float]:
+    """The trace's exposure and the step it projects for precision ``s``: the exposed part divided by the measured
+    speed-up, its interval from the speed-up's (NaN without a GPU timeline)."""
+    if exp is None:
+        return dict.fromkeys(STEP_COLUMNS[STEP_COLUMNS.index("trace_step_us") :], math.nan)
+    own = s.precision == "trace"
+    value, low, high = (1.0, 1.0, 1.0) if own else (s.speedup.value, s.speedup.low, s.speedup.high)
+    return {
+        "trace_step_us": exp.step_us, "trace_comm_us": exp.comm_us, "exposed_us": exp.exposed_us,
+        "overlap_ratio": exp.overlap_ratio, "projected_step_us": exp.projected_step_us(value),
+        "projected_step_ci_low_us": exp.projected_step_us(high), "projected_step_ci_high_us": exp.projected_step_us(low),
+    }  # fmt: skip
 
 
 def step_row(s: Any, calls: int) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from commbench.core.nccl_tests import REDUCE_OPS
+
 ALL_GATHER_OPS = ("all_gather_single", "all_gather_into_tensor")
 """The all-gather into one tensor, newest name first."""
 
@@ -30,8 +32,9 @@ def all_gather_tensor(*args: Any, **kwargs: Any) -> Any:
     return dist_op(*ALL_GATHER_OPS)(*args, **kwargs)
 
 
-TORCH_REDUCE_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
-"""nccl-tests' ``-o`` names -> torch.distributed ``ReduceOp`` members."""
+_TORCH_NAMES = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+TORCH_REDUCE_OPS = {op: _TORCH_NAMES[op] for op in REDUCE_OPS}
+"""nccl-tests' ``-o`` names (:data:`commbench.core.nccl_tests.REDUCE_OPS`) -> torch.distributed ``ReduceOp`` members."""
 
 
 def reduce_op(name: str) -> Any:

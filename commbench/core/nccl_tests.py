@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
+"""nccl-tests' ``-o`` reduction ops that commbench runs (src/common.cu ``test_opnames``; its ``mulsum`` is NCCL's
+internal pre-multiplied sum and ``all`` a loop over the others: neither is offered)."""
+
 
 def _ring(n: int) -> float:
     return 2 * (n - 1) / n

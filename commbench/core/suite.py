@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from commbench.core.nccl_tests import REDUCE_OPS
 from commbench.core.registry import Registry, lookup
 from commbench.core.settings import check_settings, count, positive, setting
 from commbench.core.units import parse_size, size_grid
@@ -86,6 +87,11 @@ class TimingConfig:
         "spell lands on part of every point's rounds (1: each point in one stretch, its rows printed as it ends)"
     )  # fmt: skip
 
+    cuda_graph: int = count(
+        0, "CUDA-graph mode (nccl-tests -G): each sample's k ops are captured in one CUDA graph, launched this many "
+        "times, and the time is per op of the launches (0: eager ops; NCCL on CUDA only, eager elsewhere)", least=0,
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         check_settings(self, "timing")
         if self.max_iters < self.min_iters:
@@ -113,6 +119,10 @@ class SuiteConfig:
     groups: list[str] = field(default_factory=lambda: ["world"])
     """Communicator groups to run every point in (``world``, ``intra``: one per node, ``inter``: one per
     local-rank index across nodes; like nccl-tests' NCCL_TESTS_SPLIT). See ``commbench.measure.groups``."""
+    root: int = 0
+    """Root rank, inside each group, of broadcast, reduce, gather and scatter (nccl-tests ``-r``)."""
+    op: str = "sum"
+    """Reduction op of all_reduce, reduce_scatter and reduce: sum, prod, min, max or avg (nccl-tests ``-o``)."""
     timing: TimingConfig = field(default_factory=TimingConfig)
     training: SuiteTable | None = None
     """Optional ``[training]`` table (DDP/FSDP steps): a ``commbench.training.config.TrainingConfig``, validated at
@@ -133,6 +143,10 @@ class SuiteConfig:
         if self.payload not in PAYLOADS:
             raise ValueError(f"unknown payload {self.payload!r}; valid choices: {', '.join(PAYLOADS)}")
         size_grid(self.min_bytes, self.max_bytes, self.factor)
+        if not isinstance(self.root, int) or isinstance(self.root, bool) or self.root < 0:
+            raise ValueError(f"root must be a rank >= 0 (nccl-tests -r), got {self.root!r}")
+        if self.op not in REDUCE_OPS:
+            raise ValueError(f"unknown reduction op {self.op!r}; valid choices: {', '.join(REDUCE_OPS)}")
         if not self.groups:
             raise ValueError("suite lists no groups (e.g. groups = [\"world\"])")
         for g in self.groups:
@@ -163,11 +177,11 @@ class SuiteConfig:
         return out
 
 
-_SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "timing"}
+_SUITE_KEYS = {"name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups", "root", "op", "timing"}
 """The suite's own keys; the tables of :data:`SUITE_TABLES` (``training``) join them."""
 _TIMING_KEYS = {
     "warmup", "min_time_s", "min_iters", "repeats", "max_samples", "target_ci", "budget_s", "max_iters", "passes", "mode",
-    "gap_s", "device_timer",
+    "gap_s", "device_timer", "cuda_graph",
 }
 
 
@@ -197,7 +211,7 @@ def suite_from_dict(data: dict[str, Any], *, name: str = "custom") -> SuiteConfi
         if not isinstance(data["factor"], int) or isinstance(data["factor"], bool):
             raise ValueError(f"suite key 'factor' must be an integer >= 2, got {data['factor']!r}")
         kw["factor"] = data["factor"]
-    for key, typ in (("payload", str), ("check", bool), ("seed", int)):
+    for key, typ in (("payload", str), ("check", bool), ("seed", int), ("root", int), ("op", str)):
         if key in data:
             if not isinstance(data[key], typ):
                 raise ValueError(f"suite key {key!r} must be a {typ.__name__}, got {data[key]!r}")

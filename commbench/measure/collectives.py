@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from commbench.cluster.dist_ops import ALL_GATHER_OPS, TORCH_REDUCE_OPS, dist_op, reduce_op
-from commbench.core.nccl_tests import NCCL_COLLECTIVES, NcclTestsCollective
+from commbench.cluster.dist_ops import ALL_GATHER_OPS, dist_op, reduce_op
+from commbench.core.nccl_tests import NCCL_COLLECTIVES, REDUCE_OPS, NcclTestsCollective
 from commbench.core.registry import Registry
 
 if TYPE_CHECKING:
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
 
 # torch is imported by the methods that run tensors, never at module level: `commbench list` and the
 # importer's bus factors read this registry without paying for torch.
-
-REDUCE_OPS = tuple(TORCH_REDUCE_OPS)
-"""nccl-tests' ``-o`` reduction ops commbench runs (``mulsum`` is NCCL's internal pre-multiplied sum: not offered)."""
 
 GLOO_OPS = ("sum", "prod", "min", "max")
 """The ops gloo reduces with (torch's ProcessGroupGloo has no AVG)."""
@@ -429,3 +426,15 @@ for _c in (AllReduce(), AllGather(), ReduceScatter(), AllToAll()):
 def get_collective(name: str) -> Collective:
     """The collective ``name``, or a ``ValueError`` naming the valid choices."""
     return COLLECTIVES.get(name)
+
+
+def check_configuration(names: Sequence[str], root: int, op: str, backend: str, world_size: int) -> None:
+    """``ValueError``, one line, when the suite's root (``-r``) or reduction op (``-o``) cannot run in this world
+    for any of the collectives ``names``: a root outside the world, or an op the backend lacks (checked on every
+    rank before the first point). A group smaller than the world that cannot hold the root skips its points
+    instead (:meth:`Collective.unsupported`, asked per group by the sweep)."""
+    for name in names:
+        coll = get_collective(name).configured(root=root, op=op)
+        why = Collective.unsupported(coll, backend, world_size)  # the root and op rules, not a collective's own
+        if why is not None:
+            raise ValueError(f"{name} with --root {root} --op {op}: {why}")

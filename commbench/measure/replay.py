@@ -10,8 +10,9 @@ Two measurements, both through the sweep's machinery (no timing loop of its own)
   decode of each), timed by :func:`commbench.measure.timing.measure_rounds` in alternating rounds, so the step's
   communication time and its speed-up against the trace's dtype are paired as well (``core/stats.py``).
 
-What cannot run here is named, never dropped: a collective with no registered implementation (broadcast, a
-point-to-point send), a dtype with no precision (int64 buffers). A trace's process group becomes a group kind
+A point-to-point send or receive is replayed as a pipeline-stage transfer (:data:`REPLAY_AS`). What cannot run here
+is named, never dropped: a collective with no registered implementation, a dtype with no precision (int64
+buffers). A trace's process group becomes a group kind
 (:class:`TraceGroups`) whose partition is the trace's groups of that layout.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from commbench.cluster.launch import Dist
@@ -38,6 +39,11 @@ TRACE = "trace"
 
 DTYPE_PRECISIONS: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 """A trace's dtype -> the native precision that replays it."""
+
+REPLAY_AS: dict[str, str] = {"send": "pp_sendrecv", "recv": "pp_sendrecv"}
+"""A trace's point-to-point call -> the collective that replays it: each send or receive of the replayed rank is one
+stage-boundary transfer of its size (``pp_sendrecv``: rank r of the group to r+1; a backward pass's receive runs the
+other way, over the same link with the same bytes)."""
 
 
 class TraceGroups(GroupKind):
@@ -139,6 +145,9 @@ def replay(d: Dist, suite: SuiteConfig, calls: Sequence[ReplayCall], precisions:
     out = Replay()
     run: list[ReplayCall] = []
     for c in calls:
+        as_name = REPLAY_AS.get(c.collective)
+        if as_name is not None and as_name in COLLECTIVES.names():
+            c = replace(c, collective=as_name)
         why = replayable(c, d.backend)
         if why is None:
             run.append(c)
@@ -261,10 +270,14 @@ def _chain(fns: Sequence[Callable[[], None]]) -> Callable[[], None]:
 def step_errors(result: Replay) -> None:
     """Fill each step's error from its rows: the largest relative error and the element-weighted mean."""
     for s in result.steps:
-        rows = [r for r in result.rows if (r["trace_precision"] if s.precision == TRACE else r["precision"] == s.precision)]
-        errs = [(float(r["rel_err"]), r["calls_per_step"] * r["fp32_bytes"]) for r in rows if not math.isnan(float(r["rel_err"]))]
+        rows = [
+            r for r in result.rows if (r["trace_precision"] if s.precision == TRACE else r["precision"] == s.precision)
+        ]
+        errs = [
+            (float(r["rel_err"]), r["calls_per_step"] * r["fp32_bytes"])
+            for r in rows
+            if not math.isnan(float(r["rel_err"]))
+        ]
         if errs:
             s.rel_err_max = max(e for e, _ in errs)
             s.rel_err_mean = sum(e * w for e, w in errs) / sum(w for _, w in errs)
-
-

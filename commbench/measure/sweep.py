@@ -40,7 +40,7 @@ from commbench.measure.collectives import Collective, Layout, get_collective
 from commbench.measure.groups import SubGroup, build, get_group_kind, unusable
 from commbench.measure.precision import Precision, Unsupported, get_precision
 from commbench.measure.raw_codec import NAME as ALGORITHM_BASELINE
-from commbench.measure.timing import Rounds, Stats, bandwidth_gbps, measure_rounds, sample_timer
+from commbench.measure.timing import Rounds, Stats, bandwidth_gbps, graph_note, measure_rounds, sample_timer
 
 BASELINE = "fp32"
 """Every gain is against this precision at the same size (when the suite runs it)."""
@@ -160,6 +160,12 @@ class Sweep:
         self._subgroups: dict[str, SubGroup] = {}
         self._link_facts: list[Any] | None = None
         self._links: dict[str, dict[str, Any]] = {}
+        note = graph_note(d, suite.timing.cuda_graph)
+        if note is not None and d.rank == 0:  # -G off NCCL/CUDA: said once, the ops run eagerly
+            for line in console.comment(note):
+                print(line, flush=True)
+        self.timing_mode = "graph" if suite.timing.cuda_graph and note is None else suite.timing.mode
+        """The rows' ``timing_mode``: ``graph`` when each sample launches a CUDA graph of its ops (``-G``)."""
         self.unavailable: list[dict[str, str]] = []
         """Points skipped at run time, once per (precision, collective, group): ``precision``, ``collective``,
         ``group`` and ``reason`` (the :class:`~commbench.measure.precision.Unsupported` message), for the metadata."""
@@ -202,7 +208,7 @@ class Sweep:
         index = 0
         for kind in self.group_kinds():
             for c in self.suite.collectives:
-                coll = get_collective(c)
+                coll = get_collective(c).configured(root=self.suite.root, op=self.suite.op)
                 precs = self._precisions(coll)
                 if not precs:
                     continue
@@ -258,6 +264,11 @@ class Sweep:
         layout = self.layout(coll, group.fp32_bytes, sg.size)
         if layout is None:
             return None
+        why = coll.unsupported(d.backend, sg.size)  # the suite's root or op in a group too small, or a backend without it
+        if why is not None:
+            for _, pt in group.points:
+                self._skip(pt, group.kind, why)
+            return None
         live, ops = [], []
         for c, (index, pt) in enumerate(group.points):
             if state is not None and c not in state.live:
@@ -305,7 +316,7 @@ class Sweep:
             barrier=d.barrier,
             prior=None if state is None else state.rounds,
             gap=compute_gap(d.device, t.gap_s, d.sync) if t.mode == "isolated" else None,
-            timer=sample_timer(d, t.device_timer),
+            timer=sample_timer(d, t.device_timer, t.cuda_graph),
         )
         return GroupState(checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
                           has_codec=[op.has_codec for op in ops], live=live)  # fmt: skip
@@ -433,6 +444,8 @@ class Sweep:
             dtype=prec.nccl_type,
             size_bytes=wire_bytes,
             count=layout.count,
+            redop=coll.redop,
+            root=coll.root if coll.rooted else -1,
             fp32_bytes=pt.fp32_bytes,
             wire_bytes=wire_bytes,
             time_us=us(comm.value),
@@ -444,7 +457,7 @@ class Sweep:
             cv=pooled.cv,
             rank_spread=pooled.rank_spread,
             iters=r.iters[c][comm_phase],
-            timing_mode=suite.timing.mode,
+            timing_mode=self.timing_mode,
             samples=r.rounds,
             ci_coverage=comm.coverage,
             noisy=total.rel_half_width > suite.timing.target_ci,

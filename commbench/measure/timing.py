@@ -33,7 +33,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from commbench.core.suite import DEVICE_TIMERS
 
@@ -84,22 +84,80 @@ def event_timer(event: Callable[[], Any]) -> SampleTimer:
     return sample
 
 
-def sample_timer(d: Dist, kind: str) -> SampleTimer | None:
+def sample_timer(d: Dist, kind: str, cuda_graph: int = 0) -> SampleTimer | None:
     """The sample timer of ``timing.device_timer`` ``kind`` on the world ``d``: None for ``host`` (the host clock
     around k ops and one synchronize, nccl-tests' BenchTime), CUDA events on the current stream for ``events``
-    (:func:`event_timer`); ValueError, one line, for an unknown kind or ``events`` off CUDA."""
+    (:func:`event_timer`); ValueError, one line, for an unknown kind or ``events`` off CUDA. With ``cuda_graph``
+    launches (nccl-tests' ``-G``) on NCCL and CUDA, that timer times the launches of a CUDA graph of the k ops
+    (:func:`graph_timer`); elsewhere the ops run eagerly (:func:`graph_note` says so)."""
     if kind not in DEVICE_TIMERS:
         raise ValueError(f"unknown device timer {kind!r}; valid choices: {', '.join(DEVICE_TIMERS)}")
-    if kind == "host":
-        return None
-    if d.device.type != "cuda":
-        raise ValueError(
-            f"--device-timer events needs CUDA devices: this run is on {d.device.type} "
-            f"(backend {d.backend}); use --device-timer host"
-        )
+    inner: SampleTimer | None = None
+    if kind == "events":
+        if d.device.type != "cuda":
+            raise ValueError(
+                f"--device-timer events needs CUDA devices: this run is on {d.device.type} "
+                f"(backend {d.backend}); use --device-timer host"
+            )
+        import torch
+
+        inner = event_timer(lambda: torch.cuda.Event(enable_timing=True))
+    if cuda_graph and graph_note(d, cuda_graph) is None:
+        return graph_timer(cuda_graph_capture, cuda_graph, sync=d.sync, timer=inner)
+    return inner
+
+
+class Graph(Protocol):
+    """A captured sequence of ops (``torch.cuda.CUDAGraph``): ``replay()`` launches them all again."""
+
+    def replay(self) -> None: ...
+
+
+Capture = Callable[[Callable[[], None], int], Graph]
+"""``capture(fn, k)``: a graph holding ``k`` back-to-back calls of ``fn`` (recorded, not run)."""
+
+
+def cuda_graph_capture(fn: Callable[[], None], k: int) -> Graph:
+    """``k`` calls of ``fn`` captured in a CUDA graph on the current device (``torch.cuda.graph``: a side stream
+    with the thread-local capture mode nccl-tests also uses; the caller has run ``fn`` eagerly first, so NCCL's
+    communicators and connections exist before the capture)."""
     import torch
 
-    return event_timer(lambda: torch.cuda.Event(enable_timing=True))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(k):
+            fn()
+    return graph
+
+
+def graph_timer(
+    capture: Capture, launches: int, *, sync: Callable[[], None], clock: Clock = time.perf_counter,
+    timer: SampleTimer | None = None,
+) -> SampleTimer:  # fmt: skip
+    """nccl-tests' ``-G launches`` (src/common.cu ``BenchTime``): the k ops of a sample are captured once as one
+    graph, then the sample times ``launches`` launches of it back to back, ending in one device synchronisation
+    (or ``timer``'s), and reports the time of k ops: elapsed / launches (nccl-tests divides by iters x launches;
+    the caller divides by k). A graph is kept per phase for its latest k (calibration grows k, then it stays)."""
+    graphs: dict[int, tuple[Callable[[], None], int, Graph]] = {}
+
+    def sample(fn: Callable[[], None], k: int) -> float:
+        kept = graphs.get(id(fn))
+        if kept is None or kept[0] is not fn or kept[1] != k:
+            graphs[id(fn)] = kept = (fn, k, capture(fn, k))
+        return run_sample(kept[2].replay, launches, sync=sync, clock=clock, timer=timer) / launches
+
+    return sample
+
+
+def graph_note(d: Dist, launches: int) -> str | None:
+    """Why ``-G launches`` runs eagerly on the world ``d`` (one line), None where CUDA graphs are captured: NCCL's
+    collectives on CUDA devices can be captured; gloo's run on the host and cannot."""
+    if not launches or (d.device.type == "cuda" and d.backend == "nccl"):
+        return None
+    return (
+        f"-G {launches}: CUDA-graph mode needs NCCL on CUDA devices; this run is {d.backend} on {d.device.type}, "
+        "so its ops run eagerly (no graph)"
+    )
 
 
 def calibrate(

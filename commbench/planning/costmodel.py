@@ -138,7 +138,7 @@ class Ring(Algorithm):
 
     def latency_steps(self, collective: str, n: int) -> float:
         c = _registered(collective)
-        return float(c.bus_passes * (n - 1)) if c is not None else self._IMPORTED[collective][0](n)
+        return c.latency_steps(n) if c is not None else self._IMPORTED[collective][0](n)
 
     def bandwidth_factor(self, collective: str, n: int) -> float:
         c = _registered(collective)

@@ -240,9 +240,12 @@ class Trace:
     """Communication events not turned into calls, by "name: why"."""
     skipped: Counter[str] = field(default_factory=Counter)
     """Records that are communication but no payload call (barriers, waits, the backend's work items), by name."""
-    kernels: list[tuple[float, float, str, bool]] = field(default_factory=list)
-    """GPU kernels (start us, duration us, stream, is communication), for the exposure."""
+    kernels: list[tuple[float, float, str, str]] = field(default_factory=list)
+    """GPU kernels (start us, duration us, stream, kind: communication, memory, computation), for the exposure."""
     step_spans: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Each step's (start, end) in us on the host (``ProfilerStep#N``)."""
+    gpu_step_spans: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """The same steps on the GPU timeline (Kineto's ``gpu_user_annotation`` of ``ProfilerStep#N``)."""
     torch_version: str = ""
 
 

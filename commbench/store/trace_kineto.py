@@ -43,6 +43,16 @@ _C10D_COLLECTIVE = {
 }  # fmt: skip
 
 
+def kernel_kind(name: str) -> str:
+    """HolisticTraceAnalysis' kernel types (``hta/utils/utils.py``, ``get_kernel_type``): ``communication`` for NCCL's
+    kernels (``ncclKernel_*``, ``ncclDevKernel_*``), ``memory`` for Memcpy/Memset, ``computation`` for the rest."""
+    if name.startswith("nccl"):
+        return "communication"
+    if "Memcpy" in name or "Memset" in name:
+        return "memory"
+    return "computation"
+
+
 def _groups(info: dict[str, Any]) -> dict[str, Group]:
     """``distributedInfo["pg_config"]``: a list of ``{pg_name, pg_desc, ranks}`` (torch >= 2.2) or a dict by name."""
     cfg = info.get("pg_config") or []
@@ -149,11 +159,17 @@ def read_kineto(path: str, data: dict[str, Any]) -> Trace:
         name, cat = str(e.get("name", "")), str(e.get("cat", ""))
         if cat == "kernel":
             trace.kernels.append(
-                (float(e.get("ts", 0)), float(e.get("dur", 0)), str(e.get("tid", "")), name.startswith("nccl"))
+                (float(e.get("ts", 0)), float(e.get("dur", 0)), str(e.get("tid", "")), kernel_kind(name))
             )
             continue
         m = STEP.match(name)
-        if m and cat != "gpu_user_annotation":
+        if m and cat == "gpu_user_annotation":
+            trace.gpu_step_spans[int(m.group(1))] = (
+                float(e.get("ts", 0)),
+                float(e.get("ts", 0)) + float(e.get("dur", 0)),
+            )
+            continue
+        if m:
             trace.step_spans[int(m.group(1))] = (float(e.get("ts", 0)), float(e.get("ts", 0)) + float(e.get("dur", 0)))
             continue
         if not is_comm(name) or cat.startswith("gpu"):

@@ -1,0 +1,163 @@
+"""The trace reader and the replay's pure parts: the committed NCCL-format fixture (written to torch's
+``record_param_comms`` fields, ``torch/csrc/profiler/util.h``), gloo's shapes-only records, the execution trace,
+refusals (one line, exit 2), group layouts and the exposure (HolisticTraceAnalysis' definitions)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commbench.cli import main
+from commbench.store.trace_calls import TraceError
+from commbench.store.trace_exposure import exposure, intersection, merge
+from commbench.store.traces import load_traces, pick_step, read_trace, step_calls, step_rows, trace_groups
+
+FIXTURE = Path(__file__).parent / "data" / "traces" / "nccl_tp_dp_rank0.json"
+
+
+def _doc(events: list[dict[str, Any]], **info: Any) -> dict[str, Any]:
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 2, **info}, "traceEvents": events}
+
+
+def _x(name: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _write(tmp_path: Path, doc: Any, name: str = "t.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_nccl_fixture_calls_per_step() -> None:
+    """The fixture's step: all_gather of 1024 -> 2048 bf16 elements on the TP group, two all_reduces of 4096 bf16,
+    a reduce_scatter of 8192 -> 4096 float on the DP group, one send of 1024 floats; nccl-tests' sizes: all_gather
+    the output, the others the input."""
+    t = read_trace(FIXTURE)
+    assert (t.backend, t.rank, t.world_size, t.steps) == ("nccl", 0, 4, [5, 6])
+    rows = [(r.collective, r.size_bytes, r.dtype, r.group, r.calls_per_step) for r in step_rows(step_calls(t, 6))]
+    assert rows == [
+        ("all_gather", 2048 * 2, "bfloat16", (0, 1), 1),
+        ("all_reduce", 4096 * 2, "bfloat16", (0, 1), 2),
+        ("reduce_scatter", 8192 * 4, "float32", (0, 2), 1),
+        ("send", 1024 * 4, "float32", (0, 2), 1),
+    ]
+    send = next(c for c in step_calls(t, 6) if c.collective == "send")
+    assert send.peer == 2
+    # unknown names are counted and named, one per step; barriers are no call; c10d operators around a
+    # record_param_comms are the same call, not a second one
+    assert t.unread == {"record_param_comms: unknown collective 'allreduce_sparse'": 2}
+    assert t.skipped["record_param_comms (barrier: no payload)"] == 2
+    assert t.skipped["c10d::allreduce_ (inside another communication record: the same call)"] == 6
+
+
+def test_steps_are_picked() -> None:
+    t = read_trace(FIXTURE)
+    assert pick_step(t, "last") == 6 and pick_step(t, "first") == 5 and pick_step(t, "5") == 5
+    for bad in ("7", "all", "middle"):
+        with pytest.raises(TraceError):
+            pick_step(t, bad)
+
+
+def test_gzip_reads_the_same(tmp_path: Path) -> None:
+    gz = tmp_path / "rank0.pt.trace.json.gz"
+    gz.write_bytes(gzip.compress(FIXTURE.read_bytes()))
+    assert step_calls(read_trace(gz), 6) == step_calls(read_trace(FIXTURE), 6)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (lambda raw: raw[: len(raw) // 2], "truncated or not JSON"),
+        (lambda raw: gzip.compress(raw)[:200], "truncated or damaged gzip"),
+        (lambda raw: b'{"foo": 1}', "unknown format"),
+        (lambda raw: b"[1, 2]", "unknown format"),
+        (lambda raw: raw.replace(b'"schemaVersion": 1', b'"schemaVersion": 7'), "schemaVersion 7"),
+        (lambda raw: json.dumps(_doc([_x("aten::mm", 0, 5)])).encode(), "no communication call"),
+    ],
+)
+def test_bad_traces_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: Any, words: str) -> None:
+    p = tmp_path / "bad.json"
+    p.write_bytes(content(FIXTURE.read_bytes()))
+    with pytest.raises(TraceError, match=words):
+        load_traces([p])
+    assert main(["replay", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]
+
+
+def test_trace_without_steps_needs_step_all(tmp_path: Path) -> None:
+    ev = [_x("c10d::allreduce_", 10, 5, **{"Input Dims": [[[8]]], "Input type": ["TensorList"]}),
+          {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 2, "ts": 11, "dur": 2,
+           "args": {"Input Dims": [[8]], "Input type": ["float"]}}]  # fmt: skip
+    t = read_trace(_write(tmp_path, _doc(ev)))
+    with pytest.raises(TraceError, match="--step all"):
+        pick_step(t, "last")
+    assert pick_step(t, "all") == -1
+    (c,) = step_calls(t, -1)
+    # Kineto writes a list argument's type as TensorList: the dtype is the gloo work item's
+    assert (c.collective, c.numel, c.dtype, c.group) == ("all_reduce", 8, "float32", (0, 1))
+
+
+def test_gloo_records_without_dtype_or_shapes_are_named(tmp_path: Path) -> None:
+    ev = [_x("ProfilerStep#3", 0, 100),
+          _x("c10d::allreduce_", 10, 5, **{"Input Dims": [[[8]]], "Input type": ["TensorList"]}),
+          _x("c10d::_allgather_base_", 20, 5),
+          _x("_c10d_functional::all_gather_into_tensor", 30, 5,
+             **{"Input Dims": [[4], [], []], "Input type": ["c10::BFloat16", "Scalar", "String"],
+                "Concrete Inputs": ["", "2", "0"]})]  # fmt: skip
+    t = read_trace(_write(tmp_path, _doc(ev)))
+    assert t.unread == {
+        "c10d::allreduce_: dtype not recorded": 1,
+        "c10d::_allgather_base_: no input shapes (profile with record_shapes=True)": 1,
+    }
+    (c,) = step_calls(t, 3)
+    assert (c.collective, c.in_numel, c.out_numel, c.dtype, c.size_bytes) == ("all_gather", 4, 8, "bfloat16", 16)
+
+
+def test_ambiguous_group_is_unread(tmp_path: Path) -> None:
+    """gloo's c10d records do not name their group: with two layouts of equal size the trace cannot tell."""
+    groups = [{"pg_name": "1", "pg_desc": "tp", "ranks": [0, 1]}, {"pg_name": "2", "pg_desc": "dp", "ranks": [0, 2]}]
+    ev = [_x("ProfilerStep#0", 0, 100),
+          _x("c10d::_reduce_scatter_base_", 10, 5, **{"Input Dims": [[4], [8]], "Input type": ["float", "float"]})]  # fmt: skip
+    t = read_trace(_write(tmp_path, _doc(ev, world_size=4, pg_config=groups)))
+    assert list(t.unread) == ["c10d::_reduce_scatter_base_: process group not recorded (2 groups hold rank 0)"]
+
+
+def test_group_layouts() -> None:
+    """A TP group [0, 1] of four ranks is one of [[0, 1], [2, 3]]; a DP group [0, 2] one of [[0, 2], [1, 3]]; on
+    another world size only whole-world groups map."""
+    ts = [read_trace(FIXTURE)]
+    calls = step_calls(ts[0], 6)
+    layouts = trace_groups(ts, calls, 4)
+    assert layouts == [[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0, 2], [1, 3]]]
+    with pytest.raises(TraceError, match="only whole-world groups map onto 2 ranks"):
+        trace_groups(ts, calls, 2)
+
+
+def test_exposure_follows_hta() -> None:
+    """Step 6 of the fixture: seven 100 us NCCL kernels; one gemm overlaps the first by 50 us, an elementwise
+    kernel overlaps none. HTA: overlap = time both run / communication time."""
+    e = exposure(read_trace(FIXTURE), 6)
+    assert e is not None
+    assert (e.comm_us, e.overlap_us, e.exposed_us) == (700.0, 50.0, 650.0)
+    assert e.overlap_ratio == pytest.approx(50 / 700)
+    assert e.step_us == 1990.0  # the GPU timeline's ProfilerStep annotation
+    assert e.projected_step_us(2.0) == pytest.approx(1990 - 650 + 325)
+    assert merge([(0, 2), (1, 3), (5, 6)]) == [(0, 3), (5, 6)]
+    assert intersection([(0, 3), (5, 6)], [(2, 5.5)]) == 1.5
+
+
+def test_cpu_trace_has_no_exposure(tmp_path: Path) -> None:
+    ev = [_x("ProfilerStep#0", 0, 100), _x("c10d::_allgather_base_", 10, 5, **{"Input Dims": [[4], [2]], "Input type": ["float", "float"]})]
+    assert exposure(read_trace(_write(tmp_path, _doc(ev))), 0) is None
+
+
+def test_dry_run_prints_the_step(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(FIXTURE), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "reduce_scatter" in out and "32768 B" in out and "unknown collective 'allreduce_sparse'" in out
