@@ -91,7 +91,13 @@ def test_layout_error_names_the_problem() -> None:
     assert PP().configure(section()).layout_error(4) is None
     assert PP().configure(section(pp_degree=2)).layout_error(4) is None  # PP x DP
     assert "pp_degree=2 does not divide world_size=3" in str(PP().configure(section(pp_degree=2)).layout_error(3))
-    assert "needs n_layers divisible by 4; n_layers=2" in str(PP().configure(section(n_layers=2)).layout_error(4))
+    assert "over 4 stages needs at least 4 layers (one per stage); n_layers=2" in str(
+        PP().configure(section(n_layers=2)).layout_error(4)
+    )
+    assert "needs n_layers divisible by 4; n_layers=6" in str(PP().configure(section(n_layers=6)).layout_error(4))
+    assert "1F1B needs at least as many micro-batches as stages; microbatches=2 < pp_degree=4" in str(
+        PP(schedule="1f1b").configure(section(microbatches=2, batch_size=8)).layout_error(4)
+    )
     assert "needs the gpt model" in str(PP().configure(section(model="mlp")).layout_error(2))
     # 2 ranks x 1 sample = 2 samples per pipeline step: not 4 micro-batches
     assert "batch of 2 samples" in str(PP().configure(section(batch_size=1)).layout_error(2))

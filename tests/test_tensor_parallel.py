@@ -189,7 +189,7 @@ def test_tp_layout_errors() -> None:
     assert reason("tp_fp32", 2) is None and reason("tp_dp_fp32", 4) is None and reason("tp_dp_fp32", 8) is None
     assert reason("tp_fp32", 3, tp_degree=2) == "tp_degree=2 does not divide world 3"
     assert reason("tp_dp_fp32", 6, tp_degree=4) == "tp_degree=4 does not divide world 6"
-    assert reason("tp_fp32", 3) == "n_heads=4 is not divisible by the TP degree 3"
+    assert reason("tp_fp32", 3) == "n_heads=4 is not divisible by the TP degree 3; valid TP degrees: 2, 4"
     assert reason("tp_fp32", 4, tp_degree=2) == (
         "1-D tensor parallelism spans the world; tp_degree=2 < world 4 (the tp_dp_* policies run TP x DP)"
     )

@@ -159,12 +159,26 @@ def test_validate_defaults_and_all() -> None:
         ({"loss_multiplier": float("nan")}, r"training\.loss_multiplier=nan is not valid"),
         ({"d_model": 30, "n_heads": 4}, r"d_model=30 must be divisible by training\.n_heads=4"),
         ({"measure_memory": "yes"}, r"training\.measure_memory='yes' is not valid"),
+        # layouts no world can form are errors at suite load, not skips at run time (issue 35 item 4)
+        ({"policies": ["tp_fp32"], "tp_degree": 3}, r"tp_fp32: n_heads=4 is not divisible by the TP degree 3; valid TP degrees: 2, 4"),
+        ({"policies": ["tp_sp_fp32"], "tp_degree": 2, "seq_len": 63}, r"tp_sp_fp32: sequence parallelism needs seq_len divisible by the TP degree 2; seq_len=63"),
+        ({"policies": ["pp_gpipe_fp32"], "pp_degree": 8, "n_layers": 4}, r"pp_gpipe_fp32: pipeline parallelism over 8 stages needs at least 8 layers \(one per stage\); n_layers=4"),
+        ({"policies": ["pp_gpipe_fp32"], "pp_degree": 2, "n_layers": 3}, r"needs n_layers divisible by 2; n_layers=3"),
+        ({"policies": ["pp_1f1b_fp32"], "pp_degree": 4, "n_layers": 4, "microbatches": 2}, r"1F1B needs at least as many micro-batches as stages; microbatches=2 < pp_degree=4"),
+        ({"policies": ["pp_gpipe_fp32"], "pp_degree": 2, "microbatches": 3}, r"batch of 16 samples .* does not split into microbatches=3"),
+        ({"policies": ["tp_fp32"], "model": "mlp", "vocab": 8}, r"tp_fp32: tensor parallelism needs the gpt model"),
     ],
 )
 def test_validate_rejects_with_one_clear_line(bad: dict[str, Any], pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern) as info:
         TrainingConfig.from_dict(bad)
     assert "\n" not in str(info.value)
+
+
+def test_all_policies_on_a_model_that_cannot_be_split_loads() -> None:
+    # "all" asks for what applies: on the mlp the TP/PP policies skip at run time with their reason
+    cfg = TrainingConfig.from_dict({"model": "mlp", "vocab": 8, "pp_degree": 2})
+    assert "tp_fp32" in cfg.policies and "pp_gpipe_fp32" in cfg.policies
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])

@@ -63,11 +63,18 @@ class TrainingConfig:
         if self.model not in models:
             raise ValueError(f"training.model={self.model!r} is not valid; valid: {', '.join(models.names())}")
         check_settings(self, "training")
+        every = self.policies == "all"
         self.policies = _resolve_policies(self.policies)
         if self.tp_degree == 1 or self.pp_degree == 1:
             one = "tp_degree" if self.tp_degree == 1 else "pp_degree"
             raise ValueError(f"training.{one}=1 is not valid; expected 0 (the whole world) or a degree >= 2")
         models.get(self.model).check(self)
+        # "all" on a model that cannot be split runs what applies and skips the TP/PP policies with their reason
+        policies = _registry("policy")
+        for name in self.policies if self.model == "gpt" or not every else ():
+            reason = policies.get(name).sharding.config_error(self)
+            if reason:
+                raise ValueError(f"training.policies: {name}: {reason}")
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> TrainingConfig:

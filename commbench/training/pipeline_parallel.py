@@ -142,6 +142,30 @@ class PipelineParallel(Sharding):
             self, pp=pp, microbatches=m, parallelism=par, n_layers=layers, batch=int(getattr(section, "batch_size", 0))
         )
 
+    def config_error(self, section: Any) -> str | None:
+        """What no world can run: a model other than the gpt, a given pp_degree above the layers or not splitting
+        them, a pipeline batch that does not split into the micro-batches, 1F1B with fewer micro-batches than
+        stages (its warm-up needs one in flight per stage)."""
+        if getattr(section, "model", "gpt") != "gpt":
+            return f"pipeline parallelism needs the gpt model (its blocks are split into stages); model={section.model}"
+        pp, m, layers = int(section.pp_degree), int(section.microbatches), int(section.n_layers)
+        return self.split_error(pp, m, layers, int(section.batch_size)) if pp else None
+
+    def split_error(self, pp: int, m: int, layers: int, batch: int) -> str | None:
+        """Why `pp` stages cannot split `layers` blocks and the pipeline's batch into `m` micro-batches, or None."""
+        if layers and pp > layers:
+            return f"pipeline parallelism over {pp} stages needs at least {pp} layers (one per stage); n_layers={layers}"
+        if layers and layers % pp:
+            return f"pipeline parallelism over {pp} stages needs n_layers divisible by {pp}; n_layers={layers}"
+        if self.schedule == ONE_F_ONE_B and m < pp:
+            return f"1F1B needs at least as many micro-batches as stages; microbatches={m} < pp_degree={pp}"
+        if batch and (batch * pp) % m:
+            return (
+                f"pipeline parallelism: the pipeline's batch of {batch * pp} samples (batch_size x pp) does not "
+                f"split into microbatches={m}; valid: a divisor of {batch * pp}"
+            )
+        return None
+
     def layout_error(self, world_size: int, nodes: int = 1) -> str | None:
         """Why this world cannot form the pipeline (one line), or None: a degree that does not divide the world,
         a model other than the gpt, layers that do not split evenly, a batch that does not split into the
@@ -152,14 +176,7 @@ class PipelineParallel(Sharding):
             return str(exc)
         if self.n_layers < 0:
             return "pipeline parallelism needs the gpt model (its blocks are split into stages)"
-        if self.n_layers % pp:
-            return f"pipeline parallelism over {pp} stages needs n_layers divisible by {pp}; n_layers={self.n_layers}"
-        if self.batch and (self.batch * pp) % self.microbatches:
-            return (
-                f"pipeline parallelism: the pipeline's batch of {self.batch * pp} samples (batch_size x pp) does not "
-                f"split into microbatches={self.microbatches}; valid: a divisor of {self.batch * pp}"
-            )
-        return None
+        return self.split_error(pp, self.microbatches, self.n_layers, self.batch)
 
     def data_ranks(self, rank: int, world_size: int) -> tuple[int, ...]:
         pp = self.degree(world_size)

@@ -531,6 +531,13 @@ class Sharding(ABC):
         model-parallel sharding returns a copy with its degrees set; a data-parallel one takes nothing from it."""
         return self
 
+    def config_error(self, section: Any) -> str | None:
+        """Why no world at all can run this sharding on the suite's `[training]` table (one line: heads that the
+        given TP degree does not divide, more stages than layers), or None. Asked when the suite is loaded, so an
+        impossible layout is an error before anything runs; what depends on the world is `layout_error`'s.
+        Default: every table works."""
+        return None
+
     def layout_error(self, world_size: int, nodes: int = 1) -> str | None:
         """Why `world_size` ranks on `nodes` nodes cannot form this sharding's layout (one line: a degree that does not
         divide the world, say), or None. Asked before the model is built: the runner skips the policy with the

@@ -182,6 +182,23 @@ class TensorParallel(Sharding):
             return self.tp or max(world_size // 2, 1)
         return self.tp or world_size
 
+    def config_error(self, section: Any) -> str | None:
+        """A given tp_degree that the heads or (under SP) the sequence cannot split by, whatever the world."""
+        if getattr(section, "model", "gpt") != "gpt":
+            return f"tensor parallelism needs the gpt model (its attention heads are split); model={section.model}"
+        tp = int(section.tp_degree)
+        return self.split_error(tp, int(section.n_heads), int(section.seq_len)) if tp else None
+
+    def split_error(self, tp: int, n_heads: int, seq_len: int) -> str | None:
+        """Heads (and under SP the sequence) that `tp` ranks cannot split evenly, or None."""
+        if n_heads and n_heads % tp:
+            return f"n_heads={n_heads} is not divisible by the TP degree {tp}; valid TP degrees: " + ", ".join(
+                str(d) for d in range(2, n_heads + 1) if n_heads % d == 0
+            )
+        if self.sequence_parallel and seq_len and seq_len % tp:
+            return f"sequence parallelism needs seq_len divisible by the TP degree {tp}; seq_len={seq_len}"
+        return None
+
     def layout_error(self, world_size: int, nodes: int = 1) -> str | None:
         tp = self.degree(world_size)
         if world_size % tp:
@@ -191,11 +208,7 @@ class TensorParallel(Sharding):
             return f"2-D TP x DP needs at least 4 ranks and a TP degree below the world; world {world_size}, TP degree {tp}"
         if self.dp is None and tp != world_size:
             return f"1-D tensor parallelism spans the world; tp_degree={tp} < world {world_size} (the tp_dp_* policies run TP x DP)"
-        if self.n_heads and self.n_heads % tp:
-            return f"n_heads={self.n_heads} is not divisible by the TP degree {tp}"
-        if self.sequence_parallel and self.seq_len and self.seq_len % tp:
-            return f"sequence parallelism needs seq_len divisible by the TP degree {tp}; seq_len={self.seq_len}"
-        return None
+        return self.split_error(tp, self.n_heads, self.seq_len)
 
     def data_ranks(self, rank: int, world_size: int) -> tuple[int, ...]:
         tp = self.degree(world_size)
