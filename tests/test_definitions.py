@@ -237,3 +237,97 @@ def test_auto_backend_needs_a_gpu_for_every_local_rank(monkeypatch: pytest.Monke
         launch.resolve_backend("nccl", 1, 2)
     monkeypatch.setattr(launch, "has_gpus", lambda: 0)
     assert launch.resolve_backend("auto", 0, 2) == "gloo"
+
+
+# nccl-tests src/broadcast.cu, reduce.cu, sendrecv.cu (GetBw: factor 1), gather.cu, scatter.cu ((n-1)/n);
+# doc/PERFORMANCE.md: Broadcast 1, Reduce 1.
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_rooted_and_p2p_bus_factors_match_nccl_tests(n: int) -> None:
+    for name in ("broadcast", "reduce", "sendrecv", "pp_sendrecv"):
+        assert get_collective(name).bus_factor(n) == 1.0
+    for name in ("gather", "scatter"):
+        assert get_collective(name).bus_factor(n) == pytest.approx((n - 1) / n)
+    assert get_collective("sendrecv").latency_steps(n) == 1.0
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_rooted_and_p2p_size_definitions(n: int) -> None:
+    total = 1024 * n
+    for name in ("broadcast", "reduce", "sendrecv", "pp_sendrecv"):  # count = the buffer, size = count x width
+        lay = get_collective(name).layout(total, n)
+        assert (lay.input_numel, lay.output_numel, lay.count) == (total, total, total)
+    g = get_collective("gather").layout(total, n)  # sendcount = count/nranks, recvcount = sendcount x nranks
+    assert (g.input_numel, g.output_numel, g.count) == (total // n, total, total // n)
+    s = get_collective("scatter").layout(total, n)  # recvcount = count/nranks, sendcount = recvcount x nranks
+    assert (s.input_numel, s.output_numel, s.count) == (total, total // n, total // n)
+
+
+def test_rooted_rounding_like_nccl_tests() -> None:
+    # gather/scatter: (count/nranks) & ~(16/eltSize - 1), fp32 -> multiples of 4 per rank; the others unrounded
+    for name in ("gather", "scatter"):
+        assert get_collective(name).round_total(1024**2 // 4, 6) * 4 == 1048512
+    for name in ("broadcast", "reduce", "sendrecv"):
+        assert get_collective(name).round_total(257, 3) == 257
+
+
+def test_rooted_and_p2p_references_against_hand_values() -> None:
+    import torch
+
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    b = torch.tensor([10.0, 20.0, 30.0, 40.0], dtype=torch.float64)
+    c = torch.tensor([100.0, 200.0, 300.0, 400.0], dtype=torch.float64)
+    bc = get_collective("broadcast").configured(root=1)
+    assert bc.reference([a, b, c], 0).tolist() == [10, 20, 30, 40]
+    red = get_collective("reduce").configured(root=2)
+    assert red.reference([a, b, c], 2).tolist() == [111, 222, 333, 444]
+    assert red.reference([a, b, c], 0).numel() == 0  # off the root nothing is defined
+    ga = get_collective("gather").configured(root=1)
+    assert ga.reference([a[:2], b[:2]], 1).tolist() == [1, 2, 10, 20] and ga.reference([a[:2], b[:2]], 0).numel() == 0
+    sc = get_collective("scatter").configured(root=1)
+    assert sc.reference([a, b], 0).tolist() == [10, 20] and sc.reference([a, b], 1).tolist() == [30, 40]
+    ring = get_collective("sendrecv")  # rank r receives (r-1) mod n's buffer
+    assert ring.reference([a, b, c], 0).tolist() == [100, 200, 300, 400]
+    assert ring.reference([a, b, c], 2).tolist() == [10, 20, 30, 40]
+    pp = get_collective("pp_sendrecv")  # rank r receives r-1's; the first stage nothing
+    assert pp.reference([a, b, c], 1).tolist() == [1, 2, 3, 4] and pp.reference([a, b, c], 0).numel() == 0
+
+
+def test_reduction_ops_against_hand_values() -> None:
+    import torch
+
+    a = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    b = torch.tensor([4.0, 5.0, -6.0], dtype=torch.float64)
+    ar = get_collective("all_reduce")
+    expect = {"sum": [5, 3, -3], "prod": [4, -10, -18], "min": [1, -2, -6], "max": [4, 5, 3], "avg": [2.5, 1.5, -1.5]}
+    for op, want in expect.items():
+        assert ar.configured(op=op).reference([a, b], 0).tolist() == want
+        assert ar.configured(op=op).redop == op
+    assert get_collective("all_gather").configured(op="max").redop == "none"  # not a reduction: the op means nothing
+    with pytest.raises(ValueError, match="unknown reduction op 'mean'.*avg"):
+        ar.configured(op="mean")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_check_expectations_agree_with_references_for_every_collective(n: int) -> None:
+    from commbench.measure.check import _rule_holds  # noqa: PLC2701 - the rule the checks rely on
+
+    for name in COLLECTIVES.names():
+        for root in sorted({0, n - 1}):
+            for op in ("sum", "max", "prod", "avg"):
+                coll = get_collective(name).configured(root=root, op=op)
+                if name == "pp_sendrecv" and n < 2:
+                    continue
+                for rank in range(n):
+                    assert _rule_holds(coll, n, rank), (name, root, op, n, rank)
+
+
+def test_configuration_refusals_are_one_line() -> None:
+    from commbench.measure.collectives import check_configuration
+
+    with pytest.raises(ValueError, match=r"root 4 is not a rank of a group of 2 \(valid roots: 0..1\)"):
+        check_configuration(["broadcast"], 4, "sum", "gloo", 2)
+    with pytest.raises(ValueError, match="gloo has no 'avg'"):
+        check_configuration(["reduce"], 0, "avg", "gloo", 2)
+    check_configuration(["reduce", "all_gather"], 1, "avg", "nccl", 2)  # NCCL averages; a root inside the world
+    check_configuration(["all_gather"], 5, "avg", "gloo", 2)  # neither rooted nor a reduction: nothing to refuse
+    assert get_collective("pp_sendrecv").unsupported("gloo", 1) is not None

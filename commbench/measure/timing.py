@@ -138,13 +138,13 @@ def graph_timer(
     graph, then the sample times ``launches`` launches of it back to back, ending in one device synchronisation
     (or ``timer``'s), and reports the time of k ops: elapsed / launches (nccl-tests divides by iters x launches;
     the caller divides by k). A graph is kept per phase for its latest k (calibration grows k, then it stays)."""
-    graphs: dict[int, tuple[Callable[[], None], int, Graph]] = {}
+    graphs: dict[Callable[[], None], tuple[int, Graph]] = {}  # by phase (a bound method is equal to itself again)
 
     def sample(fn: Callable[[], None], k: int) -> float:
-        kept = graphs.get(id(fn))
-        if kept is None or kept[0] is not fn or kept[1] != k:
-            graphs[id(fn)] = kept = (fn, k, capture(fn, k))
-        return run_sample(kept[2].replay, launches, sync=sync, clock=clock, timer=timer) / launches
+        kept = graphs.get(fn)
+        if kept is None or kept[0] != k:
+            graphs[fn] = kept = (k, capture(fn, k))
+        return run_sample(kept[1].replay, launches, sync=sync, clock=clock, timer=timer) / launches
 
     return sample
 
