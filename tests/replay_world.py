@@ -10,8 +10,8 @@ SECTION = dict(
     model="gpt", batch_size=2, seq_len=8, d_model=32, n_layers=2, n_heads=4, vocab=64,
     steps=1, warmup_steps=1, measure_memory=False, comm_timed_steps=0, microbatches=2,
 )  # fmt: skip
-POLICIES = ("fp32", "bf16_hook", "fsdp2_bf16", "tp_fp32", "pp_gpipe_fp32")
-"""DDP buckets (fp32 and a cast hook), FSDP2, TP, PP."""
+POLICIES = ("fp32", "fsdp2_bf16", "tp_fp32", "pp_gpipe_fp32")
+"""DDP buckets, FSDP2, TP, PP."""
 STEP = 2
 """The profiled step (ProfilerStep#2): step 0 is the profiler's wait, step 1 its warm-up. Not step 1: DDP's reducer
 rebuilds its buckets in its second step and broadcasts their indices from C++ (two int32 broadcasts the trace

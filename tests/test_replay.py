@@ -161,3 +161,37 @@ def test_dry_run_prints_the_step(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(FIXTURE), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "reduce_scatter" in out and "32768 B" in out and "unknown collective 'allreduce_sparse'" in out
+
+
+DDP_FIXTURE = Path(__file__).parent / "data" / "traces" / "nccl_ddp_rank0.json"
+
+
+@pytest.mark.timeout(300)
+def test_replay_command_end_to_end(tmp_path: Path) -> None:
+    """`commbench replay` on a 2-rank NCCL trace, spawned locally on gloo: replay.csv has one row per (call size,
+    precision) with the trace's calls per step; replay_steps.csv the step's bytes per precision (formula: elements x
+    element size) and the trace's exposure (fixture: three 80 us NCCL kernels, a gemm hiding the first; a Memcpy is
+    no computation in HTA's terms)."""
+    import csv
+
+    from tests.cli_util import commbench
+
+    out = tmp_path / "rep"
+    r = commbench("replay", str(DDP_FIXTURE), "--out", str(out), "--precisions", "trace,bf16", "--max-time", "0.2",
+                  "--repeats", "2", "--min-time", "0.0005", cwd=Path(__file__).parent.parent, timeout=280)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = list(csv.DictReader(open(out / "replay.csv")))
+    got = {(x["collective"], int(x["size_bytes"]), x["dtype"], x["precision"]): (int(x["calls_per_step"]), int(x["wire_bytes"])) for x in rows}
+    assert got == {
+        ("all_reduce", 2048, "bfloat16", "bf16"): (2, 2048),
+        ("all_gather", 4096, "float32", "fp32"): (1, 4096),
+        ("all_gather", 4096, "float32", "bf16"): (1, 2048),
+    }
+    for x in rows:
+        assert float(x["time_ci_low_us"]) <= float(x["time_us"]) <= float(x["time_ci_high_us"])
+    steps = {x["precision"]: x for x in csv.DictReader(open(out / "replay_steps.csv"))}
+    assert int(steps["trace"]["bytes_per_step"]) == 2 * 2048 + 4096
+    assert int(steps["bf16"]["bytes_per_step"]) == 2 * 2048 + 2048
+    assert float(steps["trace"]["trace_comm_us"]) == 240.0 and float(steps["trace"]["exposed_us"]) == 160.0
+    assert float(steps["trace"]["projected_step_us"]) == 990.0
+    assert "exposure (HolisticTraceAnalysis' definition)" in r.stdout and "all_reduce" in r.stdout
