@@ -64,7 +64,7 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
 CHOICES = {
     "mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm"), "position": ("learned", "none"),
     "recompute": ("none", "selective", "full"), "strategy": ("ddp", "zero1", "zero2", "zero3"),
-    "precision": ("bf16", "fp32"), "reference": ("step_time", "megatron_eq3", "model_mfu", "palm_mfu"),
+    "precision": ("bf16", "fp32"), "reference": ("step_time", "megatron_eq3", "model_tflops", "model_mfu", "palm_mfu"),
 }  # fmt: skip
 
 # --------------------------------------------------------------------------------------------- the data file
@@ -117,7 +117,8 @@ def palm_flops(run: Run) -> float:
 
 def work(run: Run) -> float:
     """FLOPs of one step in the convention of the run's source (model FLOPs where it prints a time)."""
-    by = {"megatron_eq3": eq3_flops, "palm_mfu": palm_flops, "model_mfu": model_flops, "step_time": model_flops}
+    by = {"megatron_eq3": eq3_flops, "palm_mfu": palm_flops, "model_tflops": model_flops, "model_mfu": model_flops,
+          "step_time": model_flops}  # fmt: skip
     return by[run["reference"]](run)
 
 

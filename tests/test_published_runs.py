@@ -135,6 +135,16 @@ def test_llama3_rows_agree() -> None:
     assert [r["global_batch"] // r["dp"] for r in of("llama3")] == [32, 16, 16]
 
 
+def test_mcore_h100_columns_agree() -> None:
+    for r in of("mcore08"):
+        x, n = r["published_tflops_per_gpu"], bpp.gpus(r)
+        assert x * n / 1e3 == pytest.approx(r["published_aggregate_pflops"], abs=0.05), r["id"]
+        assert x * 1e12 / H100_PEAK == pytest.approx(r["published_mfu"], abs=0.006), r["id"]
+        assert r["tp"] * r["pp"] * 48 == n
+        # the printed sizes need untied embeddings: tied, the 1.7B and 7.1B models would be 13 % and 7 % smaller
+        assert bpp.params(r) / 1e9 == pytest.approx(r["published_params_b"], rel=0.03, abs=0.06), r["id"]
+
+
 def test_mlperf_global_batch() -> None:
     r = RUNS["mlperf31-gpt3-10752"]
     assert r["global_batch"] == 8 * (bpp.gpus(r) // (r["tp"] * r["pp"]))  # GBS = MINIBS x (GPUs // (TP x PP))
@@ -238,7 +248,7 @@ def fake_pricer(scale: dict[str, float]) -> Any:
 
 
 def test_evaluate_calibrates_and_holds_out() -> None:
-    ids = ["nar21-t2-ptdp-175b-384", "nar21-t2-zero3-175b-384", "llama3-405b-8k", "llama3-405b-16k", "bloom-176b"]
+    ids = ["nar21-t2-ptdp-175b-384", "nar21-t2-zero3-175b-384", "mcore-h100-177b", "llama3-405b-16k", "bloom-176b"]
     runs = [RUNS[i] for i in ids]
     scale = {ids[0]: 1.25, ids[1]: 1.0, ids[2]: 0.8, ids[3]: 0.8}  # bloom: not priceable
     outcomes, k, notes = bpp.evaluate(DATA, runs, set(), calibrated=True, pricer=fake_pricer(scale))
