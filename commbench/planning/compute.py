@@ -1,12 +1,16 @@
-"""Compute of a training step: FLOPs per token, GPU presets, and the time at a stated model-FLOPs utilisation.
+"""Compute of a training step: FLOPs per token, GPU presets (peaks, memory, links, kernel efficiency), and the time
+of a number of FLOPs at a fraction of peak.
 
 FLOPs per token, forward and backward, are ``6*Psi + 12*L*h*s`` (Chowdhery et al. 2022, PaLM, appendix B; Narayanan
 et al. 2021, eq. 3 up to the logits term): 2 FLOPs per parameter per token forward, twice that backward, plus the
 attention scores and their product with the values, ``12*L*h*s`` (the ``6*L*h*s`` of the forward's QK^T and AV,
-twice again backward). The time is those FLOPs over ``peak * MFU``: the MFU is an assumption the plan states and the
-user sets (``--mfu``), or the step time is given (``--compute-ms``, e.g. measured by a commbench training run).
-Full activation recomputation runs the forward twice: 8 of every 6 model FLOPs (MFU counts model FLOPs only, so the
-time grows by 4/3 at the same hardware utilisation).
+twice again backward). The per-layer count the layout model uses (attention projections with grouped-query heads,
+the MLP's width and kind, the logits) is :mod:`commbench.planning.flops`.
+
+Two fractions of peak, never mixed (issue 32): a GPU's **kernel efficiency** is what its matrix multiplies reach
+(compute time = FLOPs / (peak x kernel efficiency)); the step time then adds what no compute hides (bubble, exposed
+communication, optimizer, stage imbalance). **MFU** is an *output*: model FLOPs per step over (step time x peak x
+GPUs). A user's ``--mfu`` is end-to-end: the step time is FLOPs / (peak x MFU) and nothing is added to it.
 
 GPU presets carry the dense (no sparsity) tensor-core peaks, the memory and the node's links, each from the vendor's
 datasheet (cited per preset). Link bandwidths are one direction per GPU, the figure nccl-tests' bus bandwidth
@@ -17,8 +21,6 @@ NIC per GPU).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-GIB = 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,12 @@ class GPU:
     network_gbps: float
     """Network bandwidth per GPU per direction across nodes, GB/s."""
     source: str
+    hbm_gbps: float = 2000.0
+    """HBM bandwidth, GB/s (the optimizer step is memory-bound)."""
+    kernel_efficiency: tuple[float, float, float] = (0.5, 0.6, 0.7)
+    """(low, default, high) fraction of the dense peak the step's matrix multiplies reach: the default is the one
+    constant calibrated per GPU kind (on one named published row, :data:`CALIBRATION`); low/high are the interval's
+    ends."""
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for compute in ``dtype`` (torch's name); ValueError when the GPU has no such peak."""
@@ -43,42 +51,55 @@ class GPU:
         return self.peak_tflops[dtype] * 1e12
 
 
+KERNEL_EFFICIENCY: dict[str, tuple[float, float, float]] = {
+    "a100": (0.50, 0.60, 0.70),
+    "h100": (0.40, 0.50, 0.60),
+    "h200": (0.42, 0.52, 0.62),
+    "b200": (0.35, 0.45, 0.55),
+}
+"""(low, default, high) kernel efficiency per GPU kind; the default is calibrated on the row :data:`CALIBRATION`
+names, the range is the interval's (+-0.10 of peak: what GEMM shapes of one model size vary by)."""
+CALIBRATION: dict[str, str] = {
+    "a100": "not yet calibrated: a first estimate below Megatron-LM's 52 % of peak end to end (Narayanan et al. 2021)",
+    "h100": "not yet calibrated: a first estimate from Llama 3's 38-43 % BF16 MFU (Dubey et al. 2024, Table 4)",
+    "h200": "not yet calibrated: the H100's compute with more memory bandwidth",
+    "b200": "not yet calibrated: a first estimate",
+}
+"""Where each GPU kind's default kernel efficiency comes from (the published row it was calibrated on)."""
+
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
         # NVIDIA A100 Tensor Core GPU datasheet (2021), SXM 80GB: BF16 312, TF32 156 TFLOPS dense; 80 GB HBM2e
-        # (81920 MiB); NVLink 600 GB/s (both directions); DGX A100: eight 200 Gb/s HDR NICs, one per GPU.
-        GPU("a100", {"bfloat16": 312.0, "float32": 156.0}, 80 * GIB, 8, 300.0, 25.0,
-            "NVIDIA A100 datasheet (SXM 80GB); DGX A100 (8x HDR 200 Gb/s)"),
+        # (81920 MiB; taken as the 80e9 bytes it is labelled, the rest is headroom); HBM 2039 GB/s; NVLink 600 GB/s (both
+        # directions); DGX A100: eight 200 Gb/s HDR NICs, one per GPU.
+        GPU("a100", {"bfloat16": 312.0, "float32": 156.0}, 80e9, 8, 300.0, 25.0,
+            "NVIDIA A100 datasheet (SXM 80GB); DGX A100 (8x HDR 200 Gb/s)", 2039.0, KERNEL_EFFICIENCY["a100"]),
         # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 989, FP8 1979, TF32 494 TFLOPS dense (the sheet's
-        # figures are with sparsity, halved here); 80 GB HBM3; NVLink 900 GB/s; DGX H100: eight 400 Gb/s NDR NICs.
-        GPU("h100", {"bfloat16": 989.0, "float8": 1979.0, "float32": 494.0}, 80 * GIB, 8, 450.0, 50.0,
-            "NVIDIA H100 datasheet (SXM, dense); DGX H100 (8x NDR 400 Gb/s)"),
+        # figures are with sparsity, halved here); 80 GB HBM3 (80e9 bytes as labelled), 3.35 TB/s; NVLink 900 GB/s; DGX H100:
+        # eight 400 Gb/s NDR NICs.
+        GPU("h100", {"bfloat16": 989.0, "float8": 1979.0, "float32": 494.0}, 80e9, 8, 450.0, 50.0,
+            "NVIDIA H100 datasheet (SXM, dense); DGX H100 (8x NDR 400 Gb/s)", 3350.0, KERNEL_EFFICIENCY["h100"]),
         # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: the H100's compute (BF16 989, FP8 1979, TF32 494 dense);
-        # 141 GB HBM3e; NVLink 900 GB/s; DGX H200: eight 400 Gb/s NICs.
+        # 141 GB HBM3e, 4.8 TB/s; NVLink 900 GB/s; DGX H200: eight 400 Gb/s NICs.
         GPU("h200", {"bfloat16": 989.0, "float8": 1979.0, "float32": 494.0}, 141e9, 8, 450.0, 50.0,
-            "NVIDIA H200 datasheet (SXM, dense); DGX H200 (8x 400 Gb/s)"),
+            "NVIDIA H200 datasheet (SXM, dense); DGX H200 (8x 400 Gb/s)", 4800.0, KERNEL_EFFICIENCY["h200"]),
         # NVIDIA HGX B200 / DGX B200 datasheets: per GPU BF16 2.25, FP8 4.5 PFLOPS dense, TF32 1.1 PFLOPS dense;
-        # 180 GB HBM3e per GPU in HGX B200 (1.44 TB for 8); NVLink 5: 1.8 TB/s; DGX B200: eight 400 Gb/s NICs.
+        # 180 GB HBM3e per GPU in HGX B200 (1.44 TB for 8), 8 TB/s; NVLink 5: 1.8 TB/s; DGX B200: eight 400 Gb/s NICs.
         GPU("b200", {"bfloat16": 2250.0, "float8": 4500.0, "float32": 1100.0}, 180e9, 8, 900.0, 50.0,
-            "NVIDIA HGX/DGX B200 datasheets (dense)"),
+            "NVIDIA HGX/DGX B200 datasheets (dense)", 8000.0, KERNEL_EFFICIENCY["b200"]),
     )
 }  # fmt: skip
 """GPU preset name (the CLI's --gpu) -> its datasheet figures."""
-
-DEFAULT_MFU = 0.40
-"""The model-FLOPs utilisation assumed when none is given: about what Megatron-LM reports for GPT-3-sized models on
-A100s (Narayanan et al. 2021, Table 1: 44-52 % of peak for 145B-1T) less a margin; stated in every plan."""
-
 
 def flops_per_token(psi: float, layers: int, hidden: int, seq: int) -> float:
     """Model FLOPs per token, forward and backward: ``6*Psi + 12*L*h*s`` (module docstring)."""
     return 6.0 * psi + 12.0 * layers * hidden * seq
 
 
-def compute_seconds(flops: float, peak_flops: float, mfu: float) -> float:
-    """Seconds to run ``flops`` at ``mfu`` of ``peak_flops``."""
-    return flops / (peak_flops * mfu)
+def compute_seconds(flops: float, peak_flops: float, fraction: float) -> float:
+    """Seconds to run ``flops`` at ``fraction`` of ``peak_flops`` (a kernel efficiency, or an end-to-end MFU)."""
+    return flops / (peak_flops * fraction)
 
 
-__all__ = ["DEFAULT_MFU", "GPU", "GPUS", "compute_seconds", "flops_per_token"]
+__all__ = ["CALIBRATION", "GPU", "GPUS", "KERNEL_EFFICIENCY", "compute_seconds", "flops_per_token"]

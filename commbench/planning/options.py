@@ -254,12 +254,64 @@ class GroupBytes:
     all-gathered twice per step (forward and backward), so twice ``calls`` calls of one unit's size."""
 
 
+@dataclass(frozen=True, slots=True)
+class DPSchedule:
+    """How a data-parallel strategy's collectives fall in a step: what the layout model
+    (:mod:`commbench.planning.steptime`) prices per call and decides the exposure of."""
+
+    grad_op: str
+    """The gradient collective: all_reduce or reduce_scatter."""
+    grads_every_micro_batch: bool
+    """Gradients are reduced in every micro-batch's backward (ZeRO-2/3, FSDP), not once per step (DDP's no_sync)."""
+    param_gather: str
+    """none; after_step (ZeRO-1/2: updated shards all-gathered after the optimizer step, before the next forward);
+    per_micro_batch (ZeRO-3/FSDP: each unit gathered before its forward and again before its backward)."""
+    shards_optimizer: bool
+    """The optimizer step runs on a 1/N shard of the parameters."""
+    gather_elements: int | None = None
+    """Parameters per all-gather call; None: one layer (an FSDP unit) or one DDP-sized bucket."""
+    reduce_elements: int | None = None
+    """Gradients per reduce call; None: one layer (an FSDP unit) or torch DDP's 25 MiB bucket."""
+    gather_fp32: bool = False
+    """The parameters travel in fp32 (torch's ZeroRedundancyOptimizer broadcasts its fp32 shards)."""
+    hybrid: bool = False
+    """Sharded within a node, replicas across nodes (HSDP): the gradient shard all-reduced across nodes per step."""
+    overlapped: bool = True
+    """Per-micro-batch gathers and reduce-scatters are prefetched behind compute (torch FSDP's separate streams);
+    False: on the critical path (DeepSpeed ZeRO-3 as Narayanan et al. 2021 measured it against PTD-P, section 5.2)."""
+
+
+DEEPSPEED_PREFETCH_ELEMENTS = 50_000_000
+"""DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size`` default: parameters per all-gather call."""
+DEEPSPEED_REDUCE_ELEMENTS = 500_000_000
+"""DeepSpeed ``reduce_bucket_size`` default: gradients per reduce-scatter call."""
+
+DP_SCHEDULES: dict[str, DPSchedule] = {
+    "ddp": DPSchedule("all_reduce", False, "none", False),
+    "zero1": DPSchedule("reduce_scatter", False, "after_step", True),
+    "zero1_torch": DPSchedule("all_reduce", False, "after_step", True, gather_fp32=True),
+    "zero2": DPSchedule("reduce_scatter", True, "after_step", True),
+    "zero3": DPSchedule("reduce_scatter", True, "per_micro_batch", True, DEEPSPEED_PREFETCH_ELEMENTS,
+                        DEEPSPEED_REDUCE_ELEMENTS, overlapped=False),
+    "fsdp": DPSchedule("reduce_scatter", True, "per_micro_batch", True),
+    "hsdp": DPSchedule("reduce_scatter", True, "per_micro_batch", True, hybrid=True),
+}  # fmt: skip
+"""Each plan strategy's schedule (a strategy attribute, :attr:`PlanStrategy.dp`): zero3 is DeepSpeed's (its bucket
+defaults), fsdp and hsdp torch's FSDP2 (one unit per layer)."""
+
+
 class PlanStrategy(ABC):
     """A plan strategy name -> the training strategy objects it composes."""
 
     name: str
     description: str
     overlap: Overlap
+
+    @property
+    def dp(self) -> DPSchedule:
+        """The strategy's schedule of data-parallel calls (:data:`DP_SCHEDULES`; a strategy of another name, a
+        training policy planned as is, falls back to DDP's)."""
+        return DP_SCHEDULES.get(self.name, DP_SCHEDULES["ddp"])
 
     @abstractmethod
     def policy(self, precision: PlanPrecision) -> Policy:
@@ -468,7 +520,8 @@ STRATEGIES: dict[str, PlanStrategy] = {
 
 
 __all__ = [
-    "BACKWARD_SHARE", "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "TORCH_ADAMW", "FlatStrategy", "GroupBytes",
+    "BACKWARD_SHARE", "DEEPSPEED_PREFETCH_ELEMENTS", "DEEPSPEED_REDUCE_ELEMENTS", "DP_SCHEDULES", "DPSchedule",
+    "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "TORCH_ADAMW", "FlatStrategy", "GroupBytes",
     "HybridStrategy", "Optimizer", "Overlap", "PartitionedZeRO1", "PlanPrecision", "PlanStrategy", "Shape",
     "StateParts", "bucket_counts", "largest_piece", "step_bytes", "unit_calls", "unit_passes",
 ]  # fmt: skip

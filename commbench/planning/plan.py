@@ -27,7 +27,7 @@ import pandas as pd
 
 from commbench.measure.precision import torch_dtype
 from commbench.planning.activations import ATTENTIONS, RECOMPUTES
-from commbench.planning.compute import DEFAULT_MFU, GPU, GPUS
+from commbench.planning.compute import GPU, GPUS
 from commbench.planning.costmodel import CostModel
 from commbench.planning.options import (
     OPTIMIZERS,
@@ -43,6 +43,7 @@ from commbench.planning.options import (
 )
 from commbench.planning.presets import MODELS, model_shape
 from commbench.planning.pricing import COLUMNS, StatedLinks, compute_time, price_option
+from commbench.planning.steptime import HEADROOM
 from commbench.training.policies import Policy
 
 
@@ -78,6 +79,8 @@ def plan(
     model: CostModel | str | os.PathLike[str] | None = None,
     policies: Sequence[Policy] | None = None,
     parts: StateParts = TORCH_ADAMW,
+    kernel_efficiency: float | None = None,
+    headroom: float = HEADROOM,
 ) -> pd.DataFrame:
     """One ranked row per (strategy, precision): memory per rank, bytes per step, predicted time.
 
@@ -90,38 +93,60 @@ def plan(
     exist (fp8 gradient communication on FSDP) are listed in ``df.attrs["skipped"]``; ValueError when none is left.
     ``policies``: plan these training policies instead of strategies x precisions (see :func:`plan_policies`;
     ``parts`` is their model state). ``overlap`` None: each strategy's overlap model. ValueError for bad input.
+
+    Compute (issue 32: each cost once): FLOPs at ``kernel_efficiency`` of the peak (default: the GPU preset's), then
+    the exposed communication is added; or ``mfu``, end to end: the step is the FLOPs at that MFU and nothing is
+    added; or a measured ``compute_ms``. An option fits when its memory is at most the device memory less
+    ``headroom`` (a fraction). A call the cost model lacks is priced from the GPU preset's links when ``gpu`` is given.
     """
     gpu_obj = _gpu(gpu)
+    if kernel_efficiency is not None and not (isinstance(kernel_efficiency, (int, float)) and 0 < kernel_efficiency <= 1):
+        raise ValueError(f"kernel_efficiency must be in (0, 1], got {kernel_efficiency!r}")
+    if kernel_efficiency is not None and (mfu is not None or compute_ms is not None):
+        raise ValueError("give one of kernel_efficiency, mfu (end to end) or compute_ms")
+    if not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
+        raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
+    end_to_end = mfu is not None
     if gpu_obj is not None:
         device_memory = device_memory if device_memory is not None else gpu_obj.memory_bytes
-        if mfu is None and tflops is None and compute_ms is None and (model_preset is not None or layers is not None):
-            mfu = DEFAULT_MFU  # stated in the assumptions, settable with --mfu
-        if mfu is not None and tflops is None and compute_ms is None:
+        shaped = model_preset is not None or layers is not None
+        if mfu is None and kernel_efficiency is None and compute_ms is None and (shaped or tflops is not None):
+            kernel_efficiency = gpu_obj.kernel_efficiency[1]  # stated in the assumptions, --kernel-efficiency
+        if (mfu is not None or kernel_efficiency is not None) and tflops is None and compute_ms is None:
             tflops = gpu_obj.peak("bfloat16") / 1e12  # the dense bf16 peak for every option: stated
+    fraction = mfu if mfu is not None else kernel_efficiency
     shape, opt = _validate(
         params, nodes, gpus_per_node, strategies, precisions, optimizer, layers, hidden, heads, seq, micro_batch,
-        device_memory, compute_ms, tflops, mfu, overlap,
+        device_memory, compute_ms, tflops, fraction, overlap,
         model_fields={"model_preset": model_preset, "kv_heads": kv_heads, "ffn": ffn, "vocab": vocab},
         attention=attention, recompute=recompute,
         kinds={"gated_mlp": gated_mlp, "norm_params": norm_params, "biases": biases, "tied_embeddings": tied_embeddings},
     )  # fmt: skip
     cost: CostModel | StatedLinks | None = load_model(model)
-    if cost is None and gpu_obj is not None:
-        cost = StatedLinks(gpu_obj.nvlink_gbps, gpu_obj.network_gbps, gpu_obj.source)
-    compute_s, tokens = compute_time(shape, compute_ms, tflops, mfu)
+    links = StatedLinks(gpu_obj.nvlink_gbps, gpu_obj.network_gbps, gpu_obj.source) if gpu_obj is not None else None
+    if cost is None:
+        cost = links
+    compute_s, tokens = compute_time(shape, compute_ms, tflops, fraction)
     skipped: dict[str, str] = {}
     options = _policy_options(policies, parts) if policies is not None else _grid(strategies, precisions, opt, skipped)
     if not options:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise ValueError(f"no option left to plan ({why}); choose other --strategies or --precisions")
+    peak = tflops * 1e12 if tflops is not None else None
     rows = [
-        price_option(strat, names, policy, shape, state, elem, cost, compute_s, tokens, overlap, device_memory)
+        price_option(strat, names, policy, shape, state, elem, cost, compute_s, tokens, overlap, device_memory,
+                     headroom=headroom, end_to_end=end_to_end, fallback=links, peak_flops=peak)
         for strat, names, policy, state, elem in options
-    ]
+    ]  # fmt: skip
     df = _rank(pd.DataFrame(rows, columns=list(COLUMNS)))
     df.attrs["skipped"] = skipped
     df.attrs["device_memory"] = device_memory
-    df.attrs["assumptions"] = assumptions(shape, opt, overlap, cost, compute_ms, tflops, mfu)
+    df.attrs["assumptions"] = assumptions(shape, opt, overlap, cost, compute_ms, tflops, fraction, end_to_end)
+    if device_memory:
+        df.attrs["assumptions"].append(
+            f"Memory: fits when at most {device_memory * (1 - headroom) / 1e9:.1f} GB: the device's "
+            f"{device_memory / 1e9:.1f} GB less {headroom:.0%} headroom (allocator, NCCL buffers, CUDA context; "
+            "--headroom).")  # fmt: skip
     return df
 
 
@@ -193,7 +218,7 @@ def _rank(df: pd.DataFrame) -> pd.DataFrame:
 
 def assumptions(
     shape: Shape, opt: Optimizer, overlap: float | None, cost: CostModel | StatedLinks | None,
-    compute_ms: float | None, tflops: float | None, mfu: float | None,
+    compute_ms: float | None, tflops: float | None, mfu: float | None, end_to_end: bool = False,
 ) -> list[str]:  # fmt: skip
     """The stated assumptions of a plan, one line each (plan.md and plan.html print them)."""
     out = [f"Psi = {shape.psi:.4g} parameters on {shape.nodes} node(s) x {shape.gpus_per_node} ranks; {opt.description}."]
@@ -232,9 +257,14 @@ def assumptions(
         out.append(f"Compute: {compute_ms:g} ms per step (given).")
     elif tflops is not None and mfu is not None:
         flops = "6*Psi + 12*L*h*s" if shape.model is not None else "6*Psi"
-        out.append(f"Compute: ({flops}) FLOPs per token x seq x micro_batch / ({tflops:g} TFLOP/s x MFU {mfu:g} assumed).")
+        if end_to_end:
+            out.append(f"Compute: ({flops}) FLOPs per token x seq x micro_batch / ({tflops:g} TFLOP/s x end-to-end MFU "
+                       f"{mfu:g}): the whole step; communication is reported, not added.")  # fmt: skip
+        else:
+            out.append(f"Compute: ({flops}) FLOPs per token x seq x micro_batch / ({tflops:g} TFLOP/s x kernel "
+                       f"efficiency {mfu:g}); exposed communication added.")  # fmt: skip
     else:
-        out.append("Compute: not given (--compute-ms, or --mfu with --tflops or --gpu): no step time.")
+        out.append("Compute: not given (--compute-ms, --kernel-efficiency or --mfu with --tflops or --gpu): no step time.")
     if overlap is None:
         out.append(
             "Overlap, per strategy: gradient all-reduce / reduce-scatter behind the backward pass (4/6 of compute), "
@@ -301,7 +331,8 @@ def _validate(
     if compute_ms is not None and (tflops is not None or mfu is not None):
         raise ValueError("give either compute_ms or tflops with mfu, not both")
     if (tflops is None) != (mfu is None):
-        raise ValueError("tflops and mfu go together (compute = FLOPs per token x tokens / (tflops*1e12*mfu))")
+        raise ValueError("tflops needs a kernel efficiency or an MFU, and they need tflops (or a --gpu preset): "
+                         "compute = FLOPs per token x tokens / (tflops*1e12*fraction)")  # fmt: skip
     if shape_model is not None:
         seq, micro_batch = shape_model.seq, micro_batch or 1
     if tflops is not None and not (seq and micro_batch):

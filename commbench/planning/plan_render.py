@@ -64,7 +64,7 @@ def fig_step(df: pd.DataFrame) -> Any:
     if df["comm_time_s"].notna().any():
         comp = df["compute_s"].fillna(0.0).to_numpy(float) * 1e3
         comm = df["comm_time_s"].fillna(0.0).to_numpy(float) * 1e3
-        exposed = df["exposed_comm_s"].fillna(df["comm_time_s"]).fillna(0.0).to_numpy(float) * 1e3
+        exposed = df["comm_exposed_s"].fillna(df["comm_time_s"]).fillna(0.0).to_numpy(float) * 1e3
         ax.barh(labels, comp, label="compute")
         ax.barh(labels, exposed, left=comp, label="exposed communication")
         ax.barh(labels, comm - exposed, left=comp + exposed, label="hidden communication (overlapped)", alpha=0.4)
@@ -88,7 +88,7 @@ def _ms_interval(low_s: pd.Series, high_s: pd.Series) -> list[str]:
     return ["-" if pd.isna(a) else f"{a * 1e3:.4g}-{b * 1e3:.4g}" for a, b in zip(low_s, high_s, strict=True)]
 
 
-def _output_paths(out: str | os.PathLike[str], stem: str) -> dict[str, Path]:
+def output_paths(out: str | os.PathLike[str], stem: str) -> dict[str, Path]:
     """``out/<stem>.csv|md|html`` with ``out/plots`` created; ValueError (one line) where it cannot be."""
     d = Path(out)
     try:
@@ -104,7 +104,7 @@ def write_plan(df: pd.DataFrame, out: str | os.PathLike[str], device_memory: flo
     from commbench.views.render import render_html, render_markdown
     from commbench.views.tables import Table, frame_table
 
-    paths = _output_paths(out, "plan")
+    paths = output_paths(out, "plan")
     d = paths["csv"].parent
     df.to_csv(paths["csv"], index=False)
     figures = []
@@ -124,7 +124,7 @@ def write_plan(df: pd.DataFrame, out: str | os.PathLike[str], device_memory: flo
     shown = ["rank", "strategy", "precision", "world_size", "fits", "mem_total_GB", "mem_model_state_GB",
              "mem_params_GB", "mem_grads_GB", "mem_master_GB", "mem_optim_GB", "mem_comm_buffers_GB",
              "mem_activations_GB", "comm_GB_per_step", "comm_GB_intra", "comm_GB_inter", "comm_time_s",
-             "comm_time_low_s", "comm_time_high_s", "exposed_comm_s", "step_time_s", "step_time_low_s",
+             "comm_time_low_s", "comm_time_high_s", "comm_exposed_s", "step_time_s", "step_time_low_s",
              "step_time_high_s", "tokens_per_s", "comm_model"]  # fmt: skip
     view = view[[c for c in shown if c in view.columns]]
     tables = [Table("answer", "Answer", ["answer"], [[answer_line(df)]])]
@@ -232,37 +232,31 @@ def fig_search(df: pd.DataFrame) -> Any | None:
 
 
 def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Path]:
-    """``out/search.csv``, ``search.md``, ``search.html``: the answer, the best per GPU count, the options that fit,
-    what ruled the rest out, the assumptions; returns the paths."""
+    """``out/search.csv`` (every column), ``search.md``, ``search.html``: the answer, the best per GPU count, the
+    options that fit (units in every cell), what ruled the rest out, the assumptions; returns the paths."""
+    from commbench.planning.layout_render import console_frame
     from commbench.planning.search import SEARCH_COLUMNS
     from commbench.views.render import render_html, render_markdown
-    from commbench.views.tables import Table, frame_table
+    from commbench.views.tables import Table
 
-    paths = _output_paths(out, "search")
+    paths = output_paths(out, "search")
     d = paths["csv"].parent
     df.to_csv(paths["csv"], index=False)
-    view = df.copy()
-    for c in [c for c in view.columns if c.endswith("_bytes")]:
-        view[c.replace("_bytes", "_GB")] = view.pop(c) / 1e9
-    cols = ["rank", "gpus", "nodes", "tp", "pp", "dp", "strategy", "precision", "microbatches", "mem_total_GB",
-            "mem_model_state_GB", "mem_activations_GB", "mem_comm_buffers_GB", "comm_tp_GB", "comm_pp_GB",
-            "comm_dp_intra_GB", "comm_dp_inter_GB", "comm_time_s", "comm_time_low_s", "comm_time_high_s",
-            "bubble_fraction", "exposed_comm_s", "step_time_s", "step_time_low_s", "step_time_high_s",
-            "tokens_per_s", "tokens_per_s_low", "tokens_per_s_high", "comm_model"]  # fmt: skip
-    ok = view[view["ruled_out"] == ""]
-    out_rows = view[view["ruled_out"] != ""]
+    ok = df[df["ruled_out"] == ""].head(200)
+    out_rows = df[df["ruled_out"] != ""]
+    reasons = out_rows["ruled_out"].value_counts().head(20)
+    view = console_frame(ok) if not ok.empty else pd.DataFrame()
     tables = [
         Table("answer", "Answer", ["answer"], [[df.attrs.get("answer", "")]]),
         Table("per_count", "Best option per GPU count", ["best"], [[x] for x in df.attrs.get("per_count", [])]),
-        frame_table("options", "Options that fit, by tokens/s", ok[[c for c in cols if c in ok.columns]],
-                    "GB = 1e9 bytes; per GPU and per step; intervals from the pricing (module pricing)"),
-        frame_table("ruled_out", "Ruled out", out_rows[["rank", "gpus", "tp", "pp", "dp", "strategy", "precision",
-                                                        "mem_total_GB", "ruled_out"]]),
+        Table("options", "Options that fit, by tokens/s (the first 200; all in search.csv)", list(view.columns),
+              view.values.tolist(), "GB = 1e9 bytes, per GPU; times per optimizer step"),
+        Table("ruled_out", "Ruled out, by rule", ["rule", "layouts"], [[k, str(v)] for k, v in reasons.items()]),
         Table("assumptions", "Assumptions", ["assumption"], [[a] for a in df.attrs.get("assumptions", [])]),
         Table("columns", "Columns of search.csv", ["column", "meaning"], [[k, v] for k, v in SEARCH_COLUMNS.items()]),
     ]  # fmt: skip
-    sections = [("summary", "3-D search", tables)]  # the template puts the figures in "summary"
-    title = "commbench plan: 3-D search"
+    sections = [("summary", "Search", tables)]  # the template puts the figures in "summary"
+    title = "commbench plan: search over layouts"
     figures = []
     fig = fig_search(df)
     if fig is not None:
@@ -276,34 +270,23 @@ def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Pat
     return paths
 
 
+def format_search(df: pd.DataFrame, top: int = 12, cols: int | None = None) -> str:
+    """The console view: the answer first, the best per GPU count, the top options, what ruled the rest out; no
+    line wider than the terminal."""
+    from commbench.planning.layout_render import format_rows, width, wrap
 
-
-def format_search(df: pd.DataFrame, top: int = 12) -> str:
-    """The console view: the answer first, the best per GPU count, the top options, what ruled the rest out."""
-    lines = [df.attrs.get("answer", "")]
-    lines += [f"  {x}" for x in df.attrs.get("per_count", [])]
+    cols = cols or width()
+    lines = wrap(df.attrs.get("answer", ""), cols)
+    for x in df.attrs.get("per_count", []):
+        lines += wrap(f"  {x}", cols)
     ok = df[df["ruled_out"] == ""].head(top)
     if not ok.empty:
-        view = pd.DataFrame(
-            {
-                "rank": ok["rank"],
-                "gpus": ok["gpus"],
-                "tp x pp x dp": ok["tp"].astype(str) + "x" + ok["pp"].astype(str) + "x" + ok["dp"].astype(str),
-                "option": ok["strategy"] + "/" + ok["precision"],
-                "mem_GB": ok["mem_total_bytes"] / 1e9,
-                "m": ok["microbatches"],
-                "comm_ms": ok["comm_time_s"] * 1e3,
-                "comm_ms_95%": _ms_interval(ok["comm_time_low_s"], ok["comm_time_high_s"]),
-                "exposed_ms": ok["exposed_comm_s"] * 1e3,
-                "step_s": ok["step_time_s"],
-                "Mtok/s": ok["tokens_per_s"] / 1e6,
-            }
-        )  # fmt: skip
-        lines.append(view.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-"))
+        lines += format_rows(ok, cols)
     out = df[df["ruled_out"] != ""]
     if not out.empty:
-        reasons = out["ruled_out"].str.replace(r"\d+(\.\d+)? GB > .*", "N GB > device", regex=True).value_counts()
-        lines.append(f"# {len(out)} ruled out: " + "; ".join(f"{k} ({v})" for k, v in reasons.items()))
+        reasons = out["ruled_out"].str.replace(r"\d+(\.\d+)? GB > .*", "N GB > usable", regex=True).value_counts()
+        text = f"# {len(out)} ruled out: " + "; ".join(f"{k} ({v})" for k, v in reasons.head(6).items())
+        lines += wrap(text, cols)
     return "\n".join(lines)
 
 

@@ -28,11 +28,13 @@ is computed:
   per node, or the ``inter`` fit; within a node: the ``intra`` fit or a ``world`` fit on one node), with ``n`` all
   its ranks; HSDP's replica groups (one per local rank) share each node link, ``1/g`` each. Both by
   :func:`commbench.planning.costmodel.link_sharing` and ``CostModel.predict(nodes=, concurrent=)``: the cost
-  model's "Layouts" rule, the one the layout benchmark checks. Where the model lacks the key, ``comm_model`` says
-  so and the time stays empty.
+  model's "Layouts" rule, the one the layout benchmark checks. Where the model lacks the key and a GPU preset is
+  given, that call is priced from the preset's stated links and ``comm_model`` says so; without a preset it names
+  what is missing and the time stays empty.
 * time from stated bandwidths (no cost model, a GPU preset): a group within a node moves its bus bytes at the NVLink
   bandwidth; a group across nodes at the lesser of NVLink and the node's network bandwidth (``gpus_per_node`` NICs)
-  shared by the ``c`` groups crossing it. Per-call latency is not counted. The point estimate takes
+  shared by the ``c`` groups crossing it, plus NCCL's ring latency per call (:mod:`commbench.planning.ring`: a
+  step per rank, so a ring over many ranks is not free; x0.5-x2 in the interval). The point estimate takes
   :data:`STATED_EFFICIENCY`'s middle fraction of the nominal bandwidth, the interval its ends: an assumption every
   plan states, to be replaced by a fit of the user's cluster (``commbench fit``, ``--model``).
 * overlap, stated per strategy (:class:`commbench.planning.options.Overlap`): collectives in the ``backward``
@@ -52,10 +54,12 @@ from typing import Any
 
 from commbench.measure.groups import GROUP_KINDS, get_group_kind
 from commbench.measure.precision import get_precision, precision_names
+from commbench.planning.activations import RECOMPUTES
 from commbench.planning.activations import activation_bytes as _activations
 from commbench.planning.compute import flops_per_token
 from commbench.planning.costmodel import CostModel, Fit, inter_node_share, link_sharing, measure_command
 from commbench.planning.options import BACKWARD_SHARE, GroupBytes, PlanStrategy, Shape, StateParts
+from commbench.planning.ring import LATENCY_RANGE, PASSES, latency_s
 from commbench.training.comm import bus_factor
 from commbench.training.policies import Policy
 from commbench.training.strategies import ModelState
@@ -93,8 +97,8 @@ class StatedLinks:
         lo, mid, hi = STATED_EFFICIENCY
         return (
             f"unmeasured: stated bandwidths ({self.source}: NVLink {self.nvlink_gbps:g} GB/s, network "
-            f"{self.network_gbps:g} GB/s per GPU) at {mid:.0%} ({lo:.0%}-{hi:.0%}), latency not counted; fit your "
-            "cluster (commbench fit) and pass --model"
+            f"{self.network_gbps:g} GB/s per GPU) at {mid:.0%} ({lo:.0%}-{hi:.0%}), NCCL's ring latency per call; "
+            "fit your cluster (commbench fit) and pass --model"
         )
 
 
@@ -142,7 +146,7 @@ def _measured_across(f: Fit) -> bool:
     return bool(c) if c is not None else link_sharing(f.group, max(f.nodes), 2) > 0
 
 
-def _group_for(
+def group_for(
     model: CostModel, coll: str, prec: str, level: str, nodes: int, gpus_per_node: int
 ) -> tuple[str | None, str]:
     """Which fitted group prices a call of a group of kind ``level``; (None, why) when the model has none. The
@@ -172,10 +176,24 @@ def _placement(g: GroupBytes, nodes: int, gpus_per_node: int) -> tuple[int, int,
     return (nodes if share else 1), gpus_per_node, max(share, 1)
 
 
+def _stated(
+    links: StatedLinks, out: Priced, w: str, op: str, bus: float, calls: int, n: int, span: int, gpus_per_node: int,
+    conc: int,
+) -> None:  # fmt: skip
+    """``bus`` bytes in ``calls`` calls of ``op`` at the stated bandwidth plus NCCL's ring latency per call."""
+    bw = links.bandwidth(span, gpus_per_node, conc)
+    lo, mid, hi = STATED_EFFICIENCY
+    l_lo, l_mid, l_hi = LATENCY_RANGE
+    lat = calls * latency_s(op, n, span) if op in PASSES else 0.0
+    out.add(w, bus / (mid * bw) + l_mid * lat, bus / (hi * bw) + l_lo * lat, bus / (lo * bw) + l_hi * lat)
+
+
 def price_group(
-    model: CostModel | StatedLinks, g: GroupBytes, nodes: int, gpus_per_node: int, window: Any = None
-) -> Priced:
-    """The group's communication per step, by overlap window (``window(op) -> name``; None: all "exposed")."""
+    model: CostModel | StatedLinks, g: GroupBytes, nodes: int, gpus_per_node: int, window: Any = None,
+    fallback: StatedLinks | None = None,
+) -> Priced:  # fmt: skip
+    """The group's communication per step, by overlap window (``window(op) -> name``; None: all "exposed").
+    ``fallback``: the GPU preset's links, for a call the cost model has no fit for."""
     out = Priced()
     if g.n < 2:
         return out
@@ -183,12 +201,11 @@ def price_group(
     def win(key: str) -> str:
         return g.window_ops.get(key) or (window(key.split(":", 1)[0]) if window else "exposed")
 
+    span, _, conc = _placement(g, nodes, gpus_per_node)
     if isinstance(model, StatedLinks):
-        span, _, conc = _placement(g, nodes, gpus_per_node)
-        bw = model.bandwidth(span, gpus_per_node, conc)
-        lo, mid, hi = STATED_EFFICIENCY
         for key, bus in g.by_op.items():
-            out.add(win(key), bus / (mid * bw), bus / (hi * bw), bus / (lo * bw))
+            op = key.split(":", 1)[0]
+            _stated(model, out, win(key), op, bus, g.calls_by_op.get(key, g.calls), g.n, span, gpus_per_node, conc)
         return out
     # the layout rule of the cost model (its "Layouts"): groups of this level sharing each node link
     if g.nodes is not None:
@@ -216,8 +233,14 @@ def price_group(
         f = bus_factor(op, g.n)
         calls_keys.append((op, prec, {"nbytes": bus / f if f else 0.0}, win(key), g.calls_by_op.get(key, g.calls)))
     for coll, prec, size, w, calls in calls_keys:
-        grp, note = _group_for(model, coll, prec, level, lay_nodes, lay_g)
+        grp, note = group_for(model, coll, prec, level, lay_nodes, lay_g)
         per_call: dict[str, Any] = {k: v / calls for k, v in size.items()}
+        if grp is None and fallback is not None and "nbytes" in size:  # the preset's links, said so (issue 32)
+            _stated(fallback, out, w, coll, size["nbytes"] * bus_factor(coll, g.n), calls, g.n, span, gpus_per_node,
+                    conc)  # fmt: skip
+            out.notes.append(f"{note}: priced from the GPU preset's links instead")
+            out.sources.append("preset")
+            continue
         if grp is None:  # named with the command that measures it (issue 25)
             hint = measure_command(coll, prec, level, nodes=nodes, gpus_per_node=gpus_per_node, **per_call)
             out.missing.append(f"{note}; {hint}")
@@ -311,6 +334,14 @@ COLUMNS = {
     "rank": "rank (fits first, then step time, comm time, memory)",
     "strategy": "plan strategy",
     "precision": "plan precision",
+    "tp": "tensor-parallel degree (1: the flat plan)",
+    "pp": "pipeline stages (1)",
+    "dp": "data-parallel degree (all ranks)",
+    "cp": "context-parallel degree (1)",
+    "vpp": "virtual stages (1)",
+    "micro_batch": "sequences per micro-batch and rank (empty without a model shape)",
+    "global_batch": "sequences per step over all ranks (one micro-batch each)",
+    "recompute": "activation recompute",
     "world_size": "ranks (nodes x gpus per node)",
     "nodes": "nodes",
     "gpus_per_node": "ranks per node",
@@ -323,7 +354,8 @@ COLUMNS = {
     "mem_comm_buffers_bytes": "one in-flight call per op:dtype (prefetched all-gathers twice), bytes",
     "mem_activations_bytes": "activations (Megatron-LM / Korthikanti et al. 2022), bytes; empty without the shape",
     "mem_total_bytes": "model state + comm buffers + activations, bytes",
-    "fits": "mem_total_bytes <= device memory (empty without --device-memory)",
+    "fits": "mem_total_bytes <= device memory less the headroom (empty without --device-memory or --gpu)",
+    "mem_headroom_bytes": "usable memory (device less --headroom) minus mem_total_bytes, bytes",
     "comm_bytes_per_step": "bus bytes per rank per step (nccl-tests definitions)",
     "comm_bytes_intra": "of which over intra-node links (per rank, average)",
     "comm_bytes_inter": "of which over inter-node links (per rank, average)",
@@ -336,11 +368,14 @@ COLUMNS = {
     "comm_warned": "the pricing warns (fitted beyond the measured points, extrapolated, a fit missing its points)",
     "comm_model": "what priced the communication, or what the model lacks; extrapolation warnings",
     "compute_s": "compute time per step, s",
-    "exposed_comm_s": "communication not hidden behind compute (the strategy's overlap model), s",
-    "step_time_s": "compute + exposed communication, s",
+    "comm_exposed_s": "communication not hidden behind compute (the strategy's overlap model), s",
+    "step_time_s": "compute + exposed communication, s (--mfu: compute at that end-to-end MFU, nothing added)",
     "step_time_low_s": "step time with the communication interval's low end, s",
     "step_time_high_s": "step time with the communication interval's high end, s",
     "tokens_per_s": "tokens per second over all ranks",
+    "tflops_per_gpu": "model TFLOP/s per GPU achieved (recompute included), an output",
+    "mfu": "model FLOPs utilisation of the peak, an output",
+    "bubble_frac": "pipeline bubble (0: no pipeline)",
     "policy": "the composed training policy (sharding / gradient hook)",
 }
 """plan.csv columns and their meaning (units in the text)."""
@@ -349,10 +384,13 @@ COLUMNS = {
 def price_option(
     strat: PlanStrategy, names: tuple[str, str], policy: Policy, shape: Shape, parts: StateParts,
     act_elem_bytes: float, cost: CostModel | StatedLinks | None, compute_s: float, tokens: float,
-    overlap: float | None, device_memory: float | None,
+    overlap: float | None, device_memory: float | None, *, headroom: float = 0.0, end_to_end: bool = False,
+    fallback: StatedLinks | None = None, peak_flops: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One plan.csv row (:data:`COLUMNS`) of one option: memory, bytes and, with ``cost``, the times.
-    ``overlap`` None: the strategy's overlap model; a number: one window of that fraction of the compute."""
+    ``overlap`` None: the strategy's overlap model; a number: one window of that fraction of the compute.
+    ``end_to_end``: ``compute_s`` is the whole step (an end-to-end MFU): nothing is added to it. ``fallback``: the
+    GPU preset's links for the calls the cost model lacks. ``peak_flops``: for the MFU column."""
     state = parts.state
     shape = replace(shape, grad_bytes=parts.grad)
 
@@ -374,9 +412,13 @@ def price_option(
     buffers = comm_buffer_bytes(strat, policy, shape)
     act = activation_bytes(shape, act_elem_bytes)
     total = model_state + buffers + (0.0 if math.isnan(act) else act)
+    usable = device_memory * (1.0 - headroom) if device_memory else None
+    mb = shape.micro_batch if shape.model is not None else None
     row: dict[str, Any] = {
         "strategy": names[0],
         "precision": names[1],
+        "tp": 1, "pp": 1, "dp": shape.world_size, "cp": 1, "vpp": 1, "micro_batch": mb,
+        "global_batch": shape.world_size * mb if mb else None, "recompute": shape.recompute.name,
         "world_size": shape.world_size,
         "nodes": shape.nodes,
         "gpus_per_node": shape.gpus_per_node,
@@ -389,7 +431,8 @@ def price_option(
         "mem_comm_buffers_bytes": buffers,
         "mem_activations_bytes": act,
         "mem_total_bytes": total,
-        "fits": (total <= device_memory) if device_memory else None,
+        "fits": (total <= usable) if usable else None,
+        "mem_headroom_bytes": (usable - total) if usable else math.nan,
         "comm_bytes_per_step": intra + inter,
         "comm_bytes_intra": intra,
         "comm_bytes_inter": inter,
@@ -402,26 +445,37 @@ def price_option(
         "comm_warned": None,
         "comm_model": "no cost model given: memory and bytes only",
         "compute_s": compute_s,
-        "exposed_comm_s": math.nan,
+        "comm_exposed_s": math.nan,
         "step_time_s": math.nan,
         "step_time_low_s": math.nan,
         "step_time_high_s": math.nan,
         "tokens_per_s": math.nan,
+        "tflops_per_gpu": math.nan,
+        "mfu": math.nan,
+        "bubble_frac": 0.0,
         "policy": f"{type(policy.sharding).__name__} / {type(policy.grad_comm).__name__}",
     }
     if cost is not None:
-        priced = [price_group(cost, g, shape.nodes, shape.gpus_per_node, strat.overlap.window) for g in groups]
-        row.update(time_columns(priced, cost, compute_s, 1, tokens, overlap))
+        priced = [price_group(cost, g, shape.nodes, shape.gpus_per_node, strat.overlap.window, fallback)
+                  for g in groups]  # fmt: skip
+        row.update(time_columns(priced, cost, compute_s, 1, tokens, overlap, end_to_end=end_to_end))
+    step = row["step_time_s"]
+    if not math.isnan(step) and shape.seq and shape.micro_batch and step > 0:
+        flops = step_flops_per_token(shape) * tokens
+        row["tflops_per_gpu"] = flops / (step * shape.world_size) / 1e12
+        if peak_flops:
+            model = step_flops_per_token(replace(shape, recompute=RECOMPUTES["none"])) * tokens
+            row["mfu"] = model / (step * shape.world_size * peak_flops)
     return row
 
 
 def time_columns(
     priced: list[Priced], cost: CostModel | StatedLinks, micro_s: float, microbatches: int, tokens: float,
-    overlap: float | None, extra_s: float = 0.0,
+    overlap: float | None, extra_s: float = 0.0, end_to_end: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """The time columns of a row from its priced groups: comm time and interval, exposed comm, step time and its
     interval, tokens/s. ``micro_s``: compute of one micro-batch; ``extra_s``: step time beyond compute and exposed
-    comm (a pipeline's bubble)."""
+    comm (a pipeline's bubble); ``end_to_end``: the compute is the whole step (exposed comm reported, not added)."""
     missing = [m for p in priced for m in p.missing]
     notes = [m for p in priced for m in p.notes]
     out: dict[str, Any] = {
@@ -456,10 +510,11 @@ def time_columns(
         return exposed_comm(windows, micro_s, microbatches)
 
     ex = exposed(0)
-    step = compute + extra_s + ex
+    add = 0.0 if end_to_end else 1.0
+    step = compute + extra_s + add * ex
     out.update(
-        exposed_comm_s=ex, step_time_s=step, step_time_low_s=compute + extra_s + exposed(1),
-        step_time_high_s=compute + extra_s + exposed(2), tokens_per_s=tokens / step if step > 0 else math.nan,
+        comm_exposed_s=ex, step_time_s=step, step_time_low_s=compute + extra_s + add * exposed(1),
+        step_time_high_s=compute + extra_s + add * exposed(2), tokens_per_s=tokens / step if step > 0 else math.nan,
     )  # fmt: skip
     return out
 
