@@ -195,3 +195,6 @@ def test_replay_command_end_to_end(tmp_path: Path) -> None:
     assert float(steps["trace"]["trace_comm_us"]) == 240.0 and float(steps["trace"]["exposed_us"]) == 160.0
     assert float(steps["trace"]["projected_step_us"]) == 990.0
     assert "exposure (HolisticTraceAnalysis' definition)" in r.stdout and "all_reduce" in r.stdout
+    report = (out / "replay.md").read_text()
+    assert report.index("### Findings") < report.index("### The step per precision") < report.index("### Per call size")
+    assert "**bf16**" in report and "160 us were exposed" in report

@@ -174,7 +174,7 @@ def replay_worker(args: argparse.Namespace, traces: list[Trace], step: int) -> i
         if d.rank == 0:
             out = args.out or Path("results") / f"replay-{Path(traces[0].path).name.split('.')[0]}"
             out.mkdir(parents=True, exist_ok=True)
-            write_outputs(out, traces, step, result, notes)
+            write_outputs(out, traces, step, result, notes, world=(d.world_size, d.backend))
         d.barrier()
         return 0
     finally:
@@ -190,11 +190,14 @@ def _csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> No
     os.replace(tmp, path)
 
 
-def write_outputs(out: Path, traces: list[Trace], step: int, result: Any, notes: list[str]) -> None:
-    """replay.csv, replay_steps.csv, and the console table and summary."""
+def write_outputs(
+    out: Path, traces: list[Trace], step: int, result: Any, notes: list[str], world: tuple[int, str]
+) -> None:
+    """replay.csv, replay_steps.csv, replay.json and replay.md, and the console table and summary."""
     from commbench.measure.collectives import get_collective
     from commbench.measure.console import PointPrinter
     from commbench.store.trace_calls import DTYPE_SIZES
+    from commbench.views.replay_report import write_replay_report
 
     rows = []
     for r in result.rows:
@@ -250,7 +253,19 @@ def write_outputs(out: Path, traces: list[Trace], step: int, result: Any, notes:
     _print_counts(traces[0])
     for n in notes:
         print(f"# note: {n}")
-    print(f"# results: {out / 'replay.csv'}, {out / 'replay_steps.csv'}")
+    t0 = traces[0]
+    meta = {
+        "trace": t0.path, "step": step, "world_size": world[0], "backend": world[1], "trace_rank": t0.rank,
+        "trace_world_size": t0.world_size, "trace_backend": t0.backend or t0.format, "not_replayed": result.not_replayed,
+        "unread": dict(t0.unread), "skipped": dict(t0.skipped), "notes": notes,
+        "exposure": CPU_REASON if exp is None else (
+            f"In the trace, {100 * exp.overlap_ratio:.0f} % of the step's {exp.comm_us:.0f} us of communication kernels "
+            f"overlapped compute; {exp.exposed_us:.0f} us were exposed (HolisticTraceAnalysis' definition)."
+        ),
+    }  # fmt: skip
+    (out / "replay.json").write_text(json.dumps(meta, indent=1))
+    report = write_replay_report(out)
+    print(f"# results: {out / 'replay.csv'}, {out / 'replay_steps.csv'}, {report}")
 
 
 def exposure_columns(exp: Exposure | None, s: Any) -> dict[str, float]:
