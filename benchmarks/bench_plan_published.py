@@ -202,12 +202,8 @@ def plan_argv(
     (``--sequence-parallel``) are passed only where the plan has them; the strategy and precision go to
     ``--strategy``/``--precision`` or, without those, to ``--strategies``/``--precisions``."""
     argv = ["plan"]
-    for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--dp", "dp"), ("--cp", "cp"), ("--vpp", "vpp"),
-                      ("--micro-batch", "micro_batch"), ("--global-batch", "global_batch"), ("--recompute", "recompute"),
-                      ("--gpu", "gpu"), ("--nodes", "nodes"), ("--gpus-per-node", "gpus_per_node"),
-                      ("--layers", "layers"), ("--hidden", "hidden"), ("--heads", "heads"), ("--kv-heads", "kv_heads"),
-                      ("--ffn", "ffn"), ("--vocab", "vocab"), ("--seq", "seq"), ("--mlp", "mlp"), ("--norm", "norm")):  # fmt: skip
-        argv += [flag, str(run[key])]
+    for flag in REQUIRED[:-1]:  # --tp 8 ... --norm layernorm: each flag names the run's field
+        argv += [flag, str(run[flag[2:].replace("-", "_")])]
     needed = list(REQUIRED)
     for flag, on in (("--biases", run["biases"]), ("--tied-embeddings", run["tied_embeddings"])):
         if on:
@@ -295,10 +291,13 @@ def price(run: Run, flags: set[str], kernel_efficiency: float | None = None) -> 
             rc = e.code if isinstance(e.code, int) else 2
         except Exception as e:  # noqa: BLE001 - a planner being built may fail anywhere; say how, go on
             return f"plan failed: {type(e).__name__}: {e}"
+        csv_path = Path(tmp) / "plan" / "plan.csv"
+        if rc == 1 and csv_path.exists():  # priced, but it does not fit: the step time is still the plan's
+            return read_priced(csv_path, run)
         if rc != 0:
             lines = [ln for ln in (err.getvalue() + out.getvalue()).splitlines() if ln.strip()]
-            return f"plan exit {rc}: {lines[-1] if lines else '(no message)'}"
-        csv_path = Path(tmp) / "plan" / "plan.csv"
+            said = [ln for ln in lines if ln.startswith("commbench")] or lines
+            return f"plan exit {rc}: {said[-1] if said else '(no message)'}"
         return read_priced(csv_path, run) if csv_path.exists() else "plan wrote no plan.csv"
 
 
@@ -422,8 +421,10 @@ def table(outcomes: Sequence[Outcome], k_by_gpu: dict[str, float | None]) -> lis
         head = f"| {r['id']} | {gpus(r)} | {layout(r)} | {o.role} | {kcell} | {fmt_s(o.published_s)} |"
         if isinstance(o.priced, Priced):
             p = o.priced
-            lines.append(f"{head} {fmt_s(p.step_time_s)} [{p.low_s:.4g}, {p.high_s:.4g}] | {o.ratio:.3f} | "
-                         f"{'yes' if o.inside else 'no'} | {p.tflops_per_gpu:.1f}, {p.mfu:.3f}, {p.bubble_frac:.1%}, {fmt_s(p.comm_exposed_s)} |")  # fmt: skip
+            inside = ("yes" if o.inside else "no") + (" (does not fit)" if p.fits == "False" else "")
+            plan = f"{p.tflops_per_gpu:.1f}, {p.mfu:.3f}, {p.bubble_frac:.1%}, {fmt_s(p.comm_exposed_s)}"
+            lines.append(f"{head} {fmt_s(p.step_time_s)} [{p.low_s:.4g}, {p.high_s:.4g}] | {o.ratio:.3f} | {inside} | "
+                         f"{plan} |")  # fmt: skip
         else:
             lines.append(f"{head} not priced: {o.priced} | | | |")
     return lines
@@ -450,8 +451,13 @@ def report(data: dict[str, Any], outcomes: Sequence[Outcome], k_by_gpu: dict[str
     return "\n".join(lines)
 
 
-def evaluate(data: dict[str, Any], runs: Sequence[Run], flags: set[str], calibrated: bool,
-             pricer: Callable[[Run, set[str], float | None], Priced | str] = price) -> tuple[list[Outcome], dict[str, float | None], list[str]]:  # fmt: skip
+Pricer = Callable[[Run, set[str], float | None], Priced | str]
+"""(run, the plan's flags, kernel efficiency or None) -> its priced row or why not: :func:`price`, or a fake."""
+
+
+def evaluate(
+    data: dict[str, Any], runs: Sequence[Run], flags: set[str], calibrated: bool, pricer: Pricer = price
+) -> tuple[list[Outcome], dict[str, float | None], list[str]]:
     """Price every run (default kernel efficiency, or calibrated per GPU kind): the outcomes, the kernel
     efficiency used per GPU kind (None: the preset's default), and one line per calibration."""
     k_by_gpu: dict[str, float | None] = {r["gpu"]: None for r in runs}

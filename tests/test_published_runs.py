@@ -276,3 +276,32 @@ def test_rankings_compare_per_gpu_rates() -> None:
     assert got == {"t2-175b-1536": False}
     outcomes, _, _ = bpp.evaluate(DATA, [RUNS[i] for i in ids], set(), False, fake_pricer({ids[0]: 1.0, ids[1]: 0.5}))
     assert {rid: same for rid, _c, _p, same in bpp.rankings(DATA, outcomes)} == {"t2-175b-1536": True}
+
+
+def test_price_reads_what_the_cli_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    import commbench.cli
+
+    r = RUNS["bloom-176b"]
+    row = {"tp": 4, "pp": 12, "dp": 8, "cp": 1, "vpp": 1, "micro_batch": 2, "strategy": "zero1", "precision": "bf16",
+           "step_time_s": 100.0, "step_time_low_s": 90.0, "step_time_high_s": 110.0, "tflops_per_gpu": 150.0,
+           "mfu": 0.48, "fits": "False", "bubble_frac": 0.05, "comm_exposed_s": 3.0}  # fmt: skip
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        if "--kernel-efficiency" in argv:  # a refusal, said on stderr
+            print("commbench: error: kernel_efficiency must be in (0, 1]", file=sys.stderr)
+            return 2
+        out.mkdir(parents=True)
+        write_csv(out / "plan.csv", [row])
+        print("commbench: no option fits; would fit: --recompute full", file=sys.stderr)
+        return 1  # does not fit: priced all the same
+
+    monkeypatch.setattr(commbench.cli, "main", fake_main)
+    flags = {*bpp.REQUIRED, "--biases", "--tied-embeddings", "--strategy", "--precisions", "--kernel-efficiency"}
+    p = bpp.price(r, flags)
+    assert isinstance(p, bpp.Priced) and p.step_time_s == 100.0 and p.fits == "False" and p.comm_exposed_s == 3.0
+    assert seen[0][:3] == ["plan", "--tp", "4"]
+    assert bpp.price(r, flags, 0.5) == "plan exit 2: commbench: error: kernel_efficiency must be in (0, 1]"
+    assert bpp.price(r, flags - {"--vpp"}) == "plan lacks --vpp" and len(seen) == 2  # not run at all
