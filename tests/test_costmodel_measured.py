@@ -201,9 +201,9 @@ def test_a_missing_measurement_is_named_with_the_command_that_measures_it(a3mega
     assert measure_command("all_reduce", "bf16", nbytes=2**20, gpus_per_node=2).endswith(
         "run --nproc 2 --collectives all_reduce --precisions bf16 --groups world -b 1M -e 4M"
     )
-    # ZeRO-1's broadcast: commbench does not run it; nccl-tests does, and its log imports
-    b = model.missing_measurement("broadcast", "fp32", nodes=2, gpus_per_node=8)
-    assert "commbench does not run broadcast" in b and "broadcast_perf -d float" in b
+    # a collective commbench does not run (nccl-tests' hypercube): nccl-tests does, and its log imports
+    b = model.missing_measurement("hypercube", "fp32", nodes=2, gpus_per_node=8)
+    assert "commbench does not run hypercube" in b and "hypercube_perf -d float" in b
     assert "python -m commbench import nccl-tests LOG --out RUN_DIR" in b
 
 
