@@ -33,9 +33,10 @@ bit-exact against torch's casts (and against each other on random bit patterns).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-from commbench.measure import fp8_eager
+from commbench.measure import fp8_eager, fused
 from commbench.measure.fp8_eager import sum_chunks
 from commbench.measure.fp8_format import (
     FORMATS,
@@ -77,6 +78,19 @@ __all__ = [
     "sum_chunks",
     "wire_scale_count",
 ]
+
+
+def fused_on(device: torch.device) -> bool:
+    """Whether the vectorised calls on ``device`` run the fused compiled graphs (:mod:`commbench.measure.fused`):
+    on CUDA unless ``COMMBENCH_FP8_FUSED=0`` or compiling is unavailable or failed; on CPU only when asked for
+    (``COMMBENCH_FP8_FUSED=1`` or :func:`use_fused`), as the C kernel is the CPU's fused codec."""
+    want = _fused_wanted if _fused_wanted is not None else os.environ.get(fused.ENV, "auto")
+    if want in ("0", False) or (want not in ("1", True) and device.type == "cpu"):
+        return False
+    why = fused.unavailable_reason(device)
+    if why is not None:
+        fused.note(why)
+    return why is None
 
 
 def vectorised(device: torch.device) -> bool:
@@ -128,7 +142,7 @@ def quantize(
     if not sc.scaled:
         scales.fill_(1.0)
     # one chunk of n elements: the batched path, its scales written straight into `scales`
-    fp8_eager.encode_rows(x.view(1, n), q.view(1, n), f, sc, scales.view(1, ns) if sc.scaled else None, None, None)
+    _encode_rows(x.view(1, n), q.view(1, n), f, sc, scales.view(1, ns) if sc.scaled else None, None, None)
     return q, scales
 
 
@@ -168,7 +182,34 @@ def quantize_chunks(
             one = torch.ones(wire_scales.shape[1] // 4, dtype=torch.float32, device=x.device)
             wire_scales.copy_(one.view(torch.uint8).expand_as(wire_scales))
         return
-    fp8_eager.encode_rows(x, codes, f, sc, None, wire_scales, workspace)
+    _encode_rows(x, codes, f, sc, None, wire_scales, workspace, home=scales)
+
+
+def _encode_rows(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    f: Fp8Format,
+    sc: Scaling,
+    dest: torch.Tensor | None,
+    wire_scales: torch.Tensor | None,
+    workspace: dict[str, torch.Tensor] | None,
+    home: torch.Tensor | None = None,
+) -> None:
+    """The vectorised encode (arguments of :func:`commbench.measure.fp8_eager.encode_rows`): the fused graph where
+    it runs, writing the scales where they go (``dest``, the wire's float-aligned bytes, or else ``home`` and
+    copied to the wire), else the eager ops."""
+    import torch
+
+    if fused_on(x.device):
+        to = dest if dest is not None else fp8_eager.f32_view(wire_scales)
+        if sc.scaled and to is None:
+            assert home is not None  # quantize() always has dest; quantize_chunks passes home
+            to = home[:, : sc.num_scales(x.shape[1])]
+        if fused.encode_rows(x, codes, to, f, sc):
+            if wire_scales is not None and to is not None and to.data_ptr() != wire_scales.data_ptr():
+                wire_scales.copy_(to[:, : wire_scales.shape[1] // 4].contiguous().view(torch.uint8))
+            return
+    fp8_eager.encode_rows(x, codes, f, sc, dest, wire_scales, workspace)
 
 
 def dequantize(
@@ -212,7 +253,7 @@ def dequantize(
     if accumulate:
         out.add_(fp8_eager.decode_rows(q.view(1, n), None, scales.view(1, ns), f, sc, reduce=False).view(n))
     else:
-        fp8_eager.decode_rows(q.view(1, n), out.view(1, n), scales.view(1, ns), f, sc, reduce=False)
+        _decode_rows(q.view(1, n), out.view(1, n), scales.view(1, ns), f, sc, reduce=False)
     return out
 
 
@@ -254,7 +295,26 @@ def dequantize_chunks(
     if src is None:
         assert wire_scales is not None
         src = wire_scales  # misaligned bytes: decode_rows copies them
-    fp8_eager.decode_rows(codes, out, src, f, sc, reduce=reduce)
+    _decode_rows(codes, out, src, f, sc, reduce=reduce)
+
+
+def _decode_rows(
+    codes: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, f: Fp8Format, sc: Scaling, reduce: bool
+) -> None:
+    """The vectorised decode into ``out`` (arguments of :func:`commbench.measure.fp8_eager.decode_rows`): the
+    fused graph where it runs (misaligned scale bytes copied to float32 first), else the eager ops."""
+    import torch
+
+    if fused_on(codes.device):
+        s: torch.Tensor | None = None
+        if sc.scaled:
+            s = scales
+            if scales.dtype == torch.uint8:
+                s = torch.empty(codes.shape[0], scales.shape[1] // 4, dtype=torch.float32, device=codes.device)
+                s.view(torch.uint8).copy_(scales)
+        if fused.decode_rows(codes, s, out, f, sc, reduce):
+            return
+    fp8_eager.decode_rows(codes, out, scales, f, sc, reduce=reduce)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -274,12 +334,33 @@ def kernel_status() -> str:
 
 
 def codec_info(device: torch.device) -> str:
-    """Which fp8 codec runs on ``device``, for the run's metadata: ``kernel (<compiler and version>)`` or
-    ``torch (<why not the kernel>)``. The two differ several-fold in encode/decode time, so crossovers depend
-    on it."""
+    """Which fp8 codec runs on ``device``, for the run's metadata: ``kernel (<compiler and version>)``,
+    ``fused (<what compiles it>)`` or ``torch (<why neither>)``. They differ several-fold in encode/decode time,
+    so crossovers depend on it. (A compile that fails later falls back to torch, said in a note and in
+    :func:`compile_report`.)"""
     if _kernel.available(device):
         return f"kernel ({_kernel.compiler or 'compiler unknown'})"
-    return f"torch ({_kernel.unavailable_reason(device)})"
+    if fused_on(device):
+        return f"fused ({fused.describe(device)})"
+    why = fused.unavailable_reason(device) or "fused graphs not asked for on CPU"
+    return f"torch ({_kernel.unavailable_reason(device)}; {why})"
+
+
+def compile_report() -> dict[str, float | int | str | None]:
+    """The fused graphs this process compiled and the seconds it took, paid on each graph's first call (outside
+    the timed region): :func:`commbench.measure.fused.compile_report`."""
+    return fused.compile_report()
+
+
+_fused_wanted: bool | None = None
+
+
+def use_fused(enabled: bool | None) -> None:
+    """Ask for the fused compiled graphs (True), forbid them (False) or leave it to ``COMMBENCH_FP8_FUSED`` and the
+    device (None) in this process; forgets compiled graphs and a past failure (tests compare paths bit for bit)."""
+    global _fused_wanted
+    _fused_wanted = enabled
+    fused.reset()
 
 
 def use_kernel(enabled: bool) -> None:

@@ -1,0 +1,295 @@
+"""The fused fp8 codec: encode and decode of ``[k, m]`` chunk rows as graphs compiled by ``torch.compile``
+(inductor: Triton kernels on CUDA, C++ on CPU), bit for bit the eager codec (:mod:`commbench.measure.fp8_eager`).
+
+Why: the eager path is a handful of torch ops, each a pass over memory: counted with a dispatch mode, 25 bytes
+read and written per element to encode e4m3 with a scale (39 unscaled) and 13 to decode, so on a GPU it runs at
+a quarter of copy bandwidth. One graph lets inductor fuse the abs-max, the scale, the cast and the packing of the
+codes and scales into one kernel per encode (a block's amax is a per-row reduction in the same kernel; one
+scale per tensor needs a reduction over the whole chunk first), and the unpacking, the scale, the cast and the
+all_reduce's fp32 sum of the k decoded chunks into one kernel per decode: 4 + 1 (+ 4 for a whole-tensor amax)
+bytes per element to encode and 1 + 4/k... to decode, what ``benchmarks/bench_codec_launches.py`` counts.
+
+Bits. The graphs compute what the eager path computes, in float32 with the same operations (the division by a
+power-of-two scale, the cast, the scale multiply), with two differences of form that cannot change a bit:
+
+- the scale rule (:func:`commbench.measure.fp8_format.pow2_scales`) by integer ops on the amax's bits instead of
+  a table lookup: for ``amax = (1 + a) 2**e`` and ``max = (1 + b) 2**E`` the smallest ``k`` with
+  ``amax <= max * 2**k`` is ``e - E`` when ``a <= b`` and one more otherwise (a subnormal amax gives ``k < -126``,
+  clamped like the rule);
+- the special values are written as codes instead of being left to the backend's cast (Triton's fp8 cast
+  saturates infinities, torch's on the host does not): NaN, +-inf get the codes the eager path gives
+  (e4m3 ``0x7F``, -inf ``0xFF``; e5m2 ``0x7F``/``0x7C`` with the sign).
+
+The all_reduce's sum of decoded chunks adds them in source order 0..k-1 from +0.0 (up to 64 chunks), which is
+what eager ``torch.sum`` over the chunk dimension does on CPU (tested); on CUDA eager's reduction order may differ
+from it in the last bit for k > 2 (within the fp32 term of the error bound; the C kernel differs alike).
+
+Compiling: one graph per (codec, shape, strides), compiled on its first call (the check pass, before any timed
+call) and kept for the process; each has its own dynamo cache (a fresh code object per key), so no shape evicts
+another or meets dynamo's recompile limit. The seconds spent compiling are kept (:func:`compile_report`). When
+compiling is unavailable (``COMMBENCH_FP8_FUSED=0``, no Triton on CUDA, no C++ compiler on CPU) or fails, the
+eager path runs, and :func:`note` says so once per process.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import struct
+import sys
+import time
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from commbench.measure.fp8_format import K_MAX, K_MIN
+
+if TYPE_CHECKING:
+    import torch
+
+    from commbench.measure.fp8_format import Fp8Format, Scaling
+
+ENV = "COMMBENCH_FP8_FUSED"
+
+_SEQUENTIAL_MAX = 64
+"""Chunks up to which the decode's sum is written as a chain of adds (source order, one fused kernel); above, one
+``sum`` over the chunk dimension in the graph (the compiled code's order)."""
+
+Graph = Callable[..., None]
+
+_GRAPHS: dict[tuple[Any, ...], Graph] = {}
+COMPILE_S: dict[tuple[Any, ...], float] = {}
+"""Seconds each graph's first call took (compiling it, then one run), by key."""
+
+_failed: str | None = None
+_noted = False
+
+
+def _cxx() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")
+
+
+_REASON: dict[str, str | None] = {}
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    """Why the fused path does not run on ``device`` (None when it does); asked once per device type."""
+    if os.environ.get(ENV, "1") == "0":
+        return f"disabled by {ENV}=0"
+    if _failed is not None:
+        return _failed
+    if device.type not in _REASON:
+        _REASON[device.type] = _reason(device)
+    return _REASON[device.type]
+
+
+def _reason(device: torch.device) -> str | None:
+    import torch
+
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "torch.compile needs Triton on CUDA (not installed)"
+        return None
+    if device.type == "cpu":
+        return None if _cxx() is not None else "torch.compile needs a C++ compiler on CPU (none found)"
+    return f"no fused fp8 codec for {device.type} tensors"
+
+
+def available(device: torch.device) -> bool:
+    return unavailable_reason(device) is None
+
+
+def describe(device: torch.device) -> str:
+    """What compiles the graphs on ``device`` (for the run's metadata)."""
+    return "torch.compile (inductor, Triton)" if device.type == "cuda" else "torch.compile (inductor, C++)"
+
+
+def note(text: str) -> None:
+    """Say once per process that the fused path is not running and why (the run's console note)."""
+    global _noted
+    if not _noted:
+        _noted = True
+        print(f"commbench: note: fused fp8 codec unavailable ({text}); the eager torch codec runs", file=sys.stderr)
+
+
+def compile_report() -> dict[str, float | int | str | None]:
+    """How many graphs this process compiled and the seconds their first calls took (compile + one run), for
+    the run's metadata; ``fallback`` is why the eager path runs instead (None while the fused one does)."""
+    return {"graphs": len(COMPILE_S), "compile_s": round(sum(COMPILE_S.values()), 3), "fallback": _failed}
+
+
+def reset(enabled: bool = True) -> None:
+    """Forget every graph and any failure (tests); ``enabled=False`` turns the path off for this process."""
+    global _failed, _noted
+    _GRAPHS.clear()
+    COMPILE_S.clear()
+    _REASON.clear()
+    _failed = None if enabled else f"disabled by {ENV}=0"
+    _noted = False
+
+
+def _layout(t: torch.Tensor | None) -> tuple[Any, ...] | None:
+    return (
+        None
+        if t is None
+        else (tuple(t.shape), t.stride(), t.dtype, t.device.type, t.storage_offset() * t.element_size() % 16)
+    )
+
+
+def _run(key: tuple[Any, ...], build: Callable[[], Graph], *args: torch.Tensor | None) -> bool:
+    """Run the graph of ``key`` (compiling it first on its first call) on ``args``; False when the fused path is
+    unavailable or compiling fails (then it stays off for this process, said once, and the caller runs eager)."""
+    global _failed
+    if _failed is not None:
+        return False
+    full = (*key, *(_layout(a) for a in args))
+    graph = _GRAPHS.get(full)
+    first = graph is None
+    if graph is None:
+        import torch
+
+        fn = build()
+        # a fresh code object: dynamo caches per code object, so this key gets its own cache (one compile,
+        # no recompile limit shared with other shapes)
+        fresh = types.FunctionType(
+            fn.__code__.replace(co_name=f"{fn.__name__}_{len(_GRAPHS)}"),
+            fn.__globals__,
+            fn.__name__,
+            None,
+            fn.__closure__,
+        )
+        graph = torch.compile(fresh, dynamic=False, fullgraph=True)
+    t0 = time.perf_counter()
+    try:
+        graph(*args)
+    except Exception as e:  # noqa: BLE001  # any compiler failure: the eager path gives the same bits
+        _failed = f"torch.compile failed: {type(e).__name__}: {e}".splitlines()[0][:300]
+        note(_failed)
+        return False
+    if first:
+        COMPILE_S[full] = time.perf_counter() - t0
+        _GRAPHS[full] = graph
+    return True
+
+
+def _bits_of(v: float) -> int:
+    return int(struct.unpack("<I", struct.pack("<f", v))[0])
+
+
+def _scale_fn(f: Fp8Format) -> Callable[[torch.Tensor], torch.Tensor]:
+    """THE scale rule on an amax tensor (finite, >= 0) by integer ops on its bits (see the module docstring)."""
+    import torch
+
+    mb = _bits_of(f.max)
+    e_max, mant_max = (mb >> 23) - 127, mb & 0x7FFFFF
+
+    def scale(amax: torch.Tensor) -> torch.Tensor:
+        bits = amax.view(torch.int32)
+        k = (bits >> 23) - (127 + e_max) + ((bits & 0x7FFFFF) > mant_max).to(torch.int32)
+        s = ((k.clamp(K_MIN, K_MAX) + 127) << 23).view(torch.float32)
+        return torch.where(amax > 0, s, 1.0)
+
+    return scale
+
+
+def _special_codes(f: Fp8Format, sc: Scaling, x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """``codes`` with NaN and +-inf elements of ``x`` replaced by the eager path's codes for them: e5m2 NaN
+    ``0x7F`` and inf ``0x7C`` with x's sign; e4m3 (no inf) ``0x7F`` for +inf, ``0xFF`` for -inf, and for NaN
+    ``0x7F``, with x's sign when unscaled (the eager saturating cast keeps a NaN's sign, the scaled one does not)."""
+    import torch
+
+    sign = (x.view(torch.int32) < 0).to(torch.uint8) << 7
+    if f.has_inf:
+        special = torch.where(torch.isnan(x), 0x7F, 0x7C).to(torch.uint8) | sign
+    elif sc.scaled:
+        special = torch.where(x == -math.inf, 0xFF, 0x7F).to(torch.uint8)
+    else:
+        special = torch.where(torch.isinf(x) & (x > 0), 0x7F, 0x7F | sign).to(torch.uint8)
+    return torch.where(torch.isfinite(x), codes, special)
+
+
+def _parts(m: int, run: int) -> list[tuple[int, int, int, int]]:
+    """The row ``[0, m)`` as runs of whole blocks: ``(lo, hi, first scale, blocks)`` for the full blocks and, when
+    ``run`` does not divide ``m``, the short last block. Each part is a plain ``[k, blocks, len]`` view (no pad, no
+    per-element index: inductor's C++ loops drop a padded row's tail, seen with torch 2.13)."""
+    full = m // run
+    parts = [(0, full * run, 0, full)] if full else []
+    if m % run:
+        parts.append((full * run, m, full, 1))
+    return parts
+
+
+def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, f: Fp8Format, sc: Scaling) -> bool:
+    """Quantise ``x`` ``[k, m]`` float32 into ``codes`` ``[k, m]`` uint8 and (scaled modes) ``scales``
+    ``[k, num_scales(m)]`` float32, as :func:`commbench.measure.fp8_eager.encode_rows` does, in one graph.
+    False when the fused path did not run (the caller runs the eager one)."""
+    k, m = x.shape
+    run = sc.run_length(m)
+    scaled = sc.scaled
+
+    def build() -> Graph:
+        import torch
+
+        to_scale = _scale_fn(f)
+        parts = _parts(m, run)
+
+        def fp8_encode(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None) -> None:
+            if not scaled:
+                fin = torch.where(torch.isfinite(x), x, 0.0)
+                y = torch.clamp(fin, -f.max, f.max)
+                codes.copy_(_special_codes(f, sc, x, y.to(f.dtype).view(torch.uint8)))
+                return
+            assert scales is not None
+            for lo, hi, first, nb in parts:
+                xp = x[:, lo:hi]
+                fin = torch.where(torch.isfinite(xp), xp, 0.0).view(k, nb, -1)
+                s = to_scale(fin.abs().amax(dim=2))
+                scales[:, first : first + nb].copy_(s)
+                y = (fin / s.unsqueeze(2)).view(k, hi - lo)
+                codes[:, lo:hi].copy_(_special_codes(f, sc, xp, y.to(f.dtype).view(torch.uint8)))
+
+        return fp8_encode
+
+    return _run(("enc", f.name, sc.name, run), build, x, codes, scales if scaled else None)
+
+
+def decode_rows(
+    codes: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor, f: Fp8Format, sc: Scaling, reduce: bool
+) -> bool:
+    """Decode ``codes`` ``[k, m]`` with float32 ``scales`` ``[k, num_scales(m)]`` (None when unscaled) into
+    ``out`` ``[k, m]``, or with ``reduce`` the float32 sum of the k decoded rows into ``out`` ``[m]``, in one
+    graph; False when the fused path did not run."""
+    k, m = codes.shape
+    run = sc.run_length(m)
+    scaled = sc.scaled
+
+    def build() -> Graph:
+        import torch
+
+        parts = _parts(m, run) if scaled else [(0, m, 0, 0)]
+
+        def fp8_decode(codes: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor) -> None:
+            for lo, hi, first, nb in parts:
+                v = codes[:, lo:hi].view(f.dtype).to(torch.float32)
+                if scaled:
+                    assert scales is not None
+                    v = (v.view(k, nb, -1) * scales[:, first : first + nb].unsqueeze(2)).view(k, hi - lo)
+                if not reduce:
+                    out[:, lo:hi].copy_(v)
+                    continue
+                if k <= _SEQUENTIAL_MAX:
+                    acc = v[0] + 0.0  # torch.sum starts from +0.0: a sum of -0.0s is +0.0 on the eager path too
+                    for i in range(1, k):
+                        acc = acc + v[i]
+                else:
+                    acc = v.sum(dim=0)
+                out[lo:hi].copy_(acc)
+
+        return fp8_decode
+
+    return _run(("dec", f.name, sc.name, run, reduce), build, codes, scales if scaled else None, out)
