@@ -92,7 +92,7 @@ def replay_in_world(rank: int, n: int, traces: dict[str, str]) -> dict[str, Any]
         step = pick_step(ts[0], "last")
         calls = step_calls(ts[0], step)
         layouts = trace_groups(ts, calls, n)
-        rcalls = [ReplayCall(c.collective, c.numel, c.dtype, group_kind(p, n), c.order) for c, p in zip(calls, layouts, strict=True)]
+        rcalls = [ReplayCall(c.collective, c.numel, c.dtype, group_kind(p, d.hosts), c.order) for c, p in zip(calls, layouts, strict=True)]
         res = replay(d, suite, rcalls, ["trace", "bf16"])
         keys = ("collective", "precision", "fp32_bytes", "wire_bytes", "calls_per_step", "rel_err", "trace_precision", "trace_dtype")
         out[name] = {

@@ -198,3 +198,11 @@ def test_replay_command_end_to_end(tmp_path: Path) -> None:
     report = (out / "replay.md").read_text()
     assert report.index("### Findings") < report.index("### The step per precision") < report.index("### Per call size")
     assert "**bf16**" in report and "160 us were exposed" in report
+    # the replay folder is a run directory too: `fit` (and so `plan RUN_DIR`) reads the job's own call sizes
+    fit = commbench("fit", str(out), "--out", str(tmp_path / "model.json"), cwd=Path(__file__).parent.parent, timeout=120)
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    model = json.loads((tmp_path / "model.json").read_text())
+    # one size per collective here (a real step has many): the fit reads every row and says it needs more sizes
+    assert set(model["skipped"]) == {"all_reduce/bf16/world", "all_gather/fp32/world", "all_gather/bf16/world"}
+    again = commbench("replay", str(DDP_FIXTURE), "--out", str(out), cwd=Path(__file__).parent.parent, timeout=60)
+    assert again.returncode == 2 and "not empty" in again.stderr  # nothing already written is lost

@@ -118,9 +118,11 @@ def cmd_replay(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     check_local_nproc(nproc)
     backend = resolve_backend(args.backend, 0, nproc)
-    out = args.out or Path("results") / f"replay-{Path(traces[0].path).name.split('.')[0]}"
+    out = args.out or default_out(traces)
+    _check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     child = [*argv, "--backend", backend, "--out", str(out), "--nproc", str(nproc)]
+    os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed
     try:
         spawn_local(child, nproc, timeout_s=args.timeout, log_dir=out / "logs")
     except RankFailure as e:
@@ -160,7 +162,7 @@ def replay_worker(args: argparse.Namespace, traces: list[Trace], step: int) -> i
     d = init_world(info, args.backend, args.timeout)
     try:
         calls, layouts, notes = plan_calls(traces, step, d.world_size)
-        kinds = {json.dumps(p): group_kind(p, d.world_size) for p in layouts}
+        kinds = {json.dumps(p): group_kind(p, d.hosts) for p in layouts}
         rcalls = [
             ReplayCall(c.collective, c.numel, c.dtype, kinds[json.dumps(p)], c.order)
             for c, p in zip(calls, layouts, strict=True)
@@ -170,15 +172,81 @@ def replay_worker(args: argparse.Namespace, traces: list[Trace], step: int) -> i
             timing["min_time_s"] = args.min_time
         real = [p for p in args.precisions if p != "trace"] or ["fp32"]
         suite = load_suite("quick").with_overrides(precisions=real, timing=timing)
+        out = args.out or default_out(traces)
+        agree_out(d, out)
+        start = run_start()
         result = replay(d, suite, rcalls, args.precisions)
+        from commbench.cluster.metadata import gather_nodes
+
+        nodes = gather_nodes(d)  # every rank: one report per node
         if d.rank == 0:
-            out = args.out or Path("results") / f"replay-{Path(traces[0].path).name.split('.')[0]}"
-            out.mkdir(parents=True, exist_ok=True)
+            notes += write_run_dir(out, suite, d, start, nodes, result.records, args.timeout)
             write_outputs(out, traces, step, result, notes, world=(d.world_size, d.backend))
         d.barrier()
         return 0
     finally:
         shutdown_world()
+
+
+def default_out(traces: list[Trace]) -> Path:
+    return Path("results") / f"replay-{Path(traces[0].path).name.split('.')[0]}"
+
+
+def _check_out(out: Path) -> None:
+    """A replay folder is new, as a run directory is: nothing already written is overwritten."""
+    from commbench.store.results import RunDirError, check_new_run_dir
+
+    try:
+        check_new_run_dir(out)
+    except RunDirError as e:
+        raise CLIError(str(e)) from None
+
+
+def agree_out(d: Any, out: Path) -> None:
+    """Rank 0 owns the folder: its verdict on it (a local spawn's supervisor made it, holding only the logs) is
+    every rank's, before anything is measured."""
+    import torch.distributed as dist
+
+    problem = [""]
+    if d.rank == 0:
+        try:
+            _check_out(out)
+        except CLIError as e:
+            problem = [str(e)]
+    dist.broadcast_object_list(problem, src=0)
+    if problem[0]:
+        raise CLIError(problem[0])
+
+
+def run_start() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_run_dir(
+    out: Path, suite: Any, d: Any, start: str, nodes: Any, records: list[Any], timeout: float | None
+) -> list[str]:
+    """The replay folder as a run directory too (metadata.json, results.csv/parquet: the per-call-size records, as
+    ``run`` writes them), so ``commbench report``, ``fit`` and ``plan RUN_DIR`` read the job's own call sizes. A row
+    on a trace's own group layout stays in replay.csv only (``fit`` knows the registered group kinds); notes say so."""
+    from commbench.cli.orchestrate import run_metadata
+    from commbench.measure.replay import is_trace_kind
+    from commbench.store.results import RunWriter
+
+    argv = json.loads(os.environ.get("COMMBENCH_ARGV", "null")) or sys.argv[1:]
+    writer = RunWriter(out)
+    writer.write_metadata(
+        run_metadata(suite, d, ["python", "-m", "commbench", *argv], start, nodes, collective_timeout_s=timeout)
+    )
+    keep = [r for r in records if not is_trace_kind(r.group)]
+    writer.add(keep)
+    left = sorted({r.group for r in records if is_trace_kind(r.group)})
+    if left:
+        return [
+            f"{len(records) - len(keep)} rows on the trace's own group layouts ({', '.join(left)}) are in replay.csv only, not results.csv"
+        ]
+    return []
 
 
 def _csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:

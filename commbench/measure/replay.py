@@ -61,15 +61,25 @@ class TraceGroups(GroupKind):
         return [list(p) for p in self.parts]
 
 
-def group_kind(parts: Sequence[Sequence[int]], world: int) -> str:
-    """The group kind name of a trace layout: ``world`` when it is one group of every rank, else a
-    :class:`TraceGroups` registered under ``trace:<sizes>x<count>:<first group>`` (every rank registers the same)."""
-    if len(parts) == 1 and sorted(parts[0]) == list(range(world)):
-        return "world"
+def group_kind(parts: Sequence[Sequence[int]], hosts: Sequence[str]) -> str:
+    """The group kind of a trace layout on this world (``hosts``: every rank's host): a registered kind with that
+    partition here (``world``; ``intra`` for groups that are this world's nodes: a tensor-parallel group inside a
+    node), else a :class:`TraceGroups` registered under ``trace:<size>x<count>:<first group>`` (every rank
+    registers the same)."""
+    want = sorted(sorted(p) for p in parts)
+    for name, kind in GROUP_KINDS.items():
+        if not isinstance(kind, TraceGroups) and sorted(sorted(p) for p in kind.partition(hosts)) == want:
+            return name
     name = f"trace:{len(parts[0])}x{len(parts)}:{'-'.join(map(str, parts[0]))}"
     if name not in GROUP_KINDS.names():
         register_group_kind(TraceGroups(name, parts))
     return name
+
+
+def is_trace_kind(name: str) -> bool:
+    """Whether ``name`` is a trace's own layout (known to this process only: a run directory's readers, such as
+    ``commbench fit``, know the registered kinds)."""
+    return isinstance(GROUP_KINDS.get(name, None), TraceGroups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +114,8 @@ class StepResult:
 
 @dataclass(slots=True)
 class Replay:
+    records: list[CollectivePoint] = field(default_factory=list)
+    """The sweep's records of every (call size, precision), as ``run`` writes them."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     """One per (call size, precision): the CollectivePoint's fields plus ``calls_per_step``, ``trace_dtype``,
     ``speedup`` and its interval against the trace's precision."""
@@ -160,7 +172,9 @@ def replay(d: Dist, suite: SuiteConfig, calls: Sequence[ReplayCall], precisions:
         distinct[key] = distinct.get(key, 0) + 1
     names = [TRACE, *[p for p in precisions if p != TRACE]]
     for (coll, numel, dtype, kind), count in distinct.items():
-        out.rows.extend(_measure_size(sweep, coll, numel, dtype, kind, count, names))
+        recs, rows = _measure_size(sweep, coll, numel, dtype, kind, count, names)
+        out.records.extend(recs)
+        out.rows.extend(rows)
     if run:
         out.steps = _measure_step(sweep, run, names)
         step_errors(out)
@@ -169,7 +183,7 @@ def replay(d: Dist, suite: SuiteConfig, calls: Sequence[ReplayCall], precisions:
 
 def _measure_size(
     sweep: Sweep, coll_name: str, numel: int, dtype: str, kind: str, count: int, names: Sequence[str]
-) -> list[dict[str, Any]]:
+) -> tuple[list[CollectivePoint], list[dict[str, Any]]]:
     """One call size under each precision: a sweep group, every pass, with paired speed-ups."""
     coll = get_collective(coll_name)
     precs = [get_precision(p) for p in resolve(names, dtype)]
@@ -180,7 +194,7 @@ def _measure_size(
     for p in range(sweep.suite.timing.passes):
         state = sweep.sample_group(group, state, p)
     if state is None:
-        return []
+        return [], []
     totals = [state.rounds.per_sample_total(c) for c in range(len(state.live))]
     live_names = [group.points[c][1].precision.name for c in state.live]
     base = 0 if live_names and live_names[0] == precs[0].name else None
@@ -189,7 +203,7 @@ def _measure_size(
     for c, (_, rec) in enumerate(records):
         gain = stats.paired_ratio_ci(totals[base], totals[c]) if base is not None else _nan_estimate()
         rows.append(_row(rec, count, dtype, gain, is_own=c == base))
-    return rows
+    return [rec for _, rec in records], rows
 
 
 def _row(rec: CollectivePoint, count: int, dtype: str, gain: stats.Estimate, *, is_own: bool) -> dict[str, Any]:
