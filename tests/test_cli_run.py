@@ -148,8 +148,8 @@ def test_hung_rank_is_named_within_timeout(tmp_path: Path) -> None:
 
 
 BAD_INPUTS = [
-    (["run", "--collectives", "allreduce"], "unknown collective 'allreduce'; valid choices: all_reduce"),
-    (["run", "--precisions", "fp64"], "unknown precision 'fp64'; valid choices: fp32"),
+    (["run", "--collectives", "alreduce"], "unknown collective 'alreduce'; valid choices: all_reduce"),
+    (["run", "--precisions", "fp64"], "unknown precision 'fp64': 'fp64' is float64"),
     (["run", "-b", "1XB"], "malformed size '1XB'"),
     (["run", "-b", "-4K"], "-b/--minbytes"),
     (["run", "-b", "64K", "-e", "1K"], "minimum size 64K is larger than maximum size 1K"),
@@ -383,15 +383,19 @@ def test_console_fits_80_and_100_columns() -> None:
     from commbench.measure.console import comment, training_line
     from commbench.measure.table import LEGEND, columns_for, format_row, header_lines
 
+    nccl_tests = {"size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"}
     row = {"size_bytes": 16777216, "count": 4194304, "dtype": "bfloat16", "redop": "sum", "time_us": 123456.7,
            "algbw_gbps": 135.9, "busbw_gbps": 135.9, "wrong": 0, "precision": "fp8_e4m3_native", "time_ci_low_us": 1.0,
            "time_ci_high_us": 2.0, "gain_vs_fp32": 1.41, "gain_significant": True, "encode_us": 1.0, "decode_us": 1.0,
-           "effective_gbps": 1.0, "rel_err": 1e-3}  # fmt: skip
-    for width in (80, 100):
+           "effective_gbps": 1.0, "rel_err": 1e-3, "fp32_bytes": 16777216}  # fmt: skip
+    for width in (80, 100, 132):
         cols = columns_for(width)
         for line in (*header_lines(cols), format_row(row, cols), *comment(LEGEND, width)):
             assert len(line) < width, (width, line)
-    assert {c.header for c in columns_for(100)} >= {"size", "time", "busbw", "#wrong", "precision", "±ci", "vs fp32"}
+    # nccl-tests' nine columns and the precision at 100 columns (issue 33: algbw was dropped there); more at 132
+    assert {c.header for c in columns_for(100)} == nccl_tests | {"precision"}
+    assert {c.header for c in columns_for(132)} == nccl_tests | {"precision", "±ci", "vs fp32", "wire"}
+    assert {c.header for c in columns_for(80)} >= {"size", "type", "time", "algbw", "busbw", "#wrong", "precision"}
     # a training line: step time in ms with its interval, speed-up with significance, MiB and KiB
     line = training_line({
         "policy": "amp_bf16", "step_time_us_p50": 37920.0, "step_time_us_ci_low": 30000.0,

@@ -160,7 +160,8 @@ def test_table_console_and_finding_say_the_same() -> None:
     assert CPU_TIMING_NOTE in table.note and "gpt, 2 ranks" in table.note
 
     lines = gain_by_parallelism_lines(summary, steps)
-    assert lines[-1] == CPU_TIMING_NOTE and len(lines) == 1 + 4 + 1
+    assert lines[-1] == CPU_TIMING_NOTE and len(lines) == 1 + 3 + 1
+    assert not any("hsdp_bf16" in ln for ln in lines)  # its reference is not in the run: no "n/a" line (issue 33)
     tp_line = next(ln for ln in lines if "tp_bf16" in ln)
     assert re.search(
         rf"TP +tp_bf16 +vs tp_fp32 +{re.escape(_ci_text(tp))} faster 3\.91 KiB -> 2\.93 KiB \(-25 %\)", tp_line

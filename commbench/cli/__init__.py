@@ -17,6 +17,7 @@ from commbench.cli.common import csv_list as _csv_list
 from commbench.cli.common import positive_float as _positive_float
 from commbench.cli.common import positive_int as _positive_int
 from commbench.cli.common import size as _size
+from commbench.cli.nccl_flags import add_nccl_tests_flags, check_nccl_tests_flags, nccl_tests_notes
 from commbench.cli.plan_cmd import add_plan_parser, cmd_plan
 from commbench.cli.replay_cmd import add_replay_parser, cmd_replay
 from commbench.core.records import COMMBENCH_VERSION
@@ -98,7 +99,11 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
         help="comma-separated communicator groups: world, intra (one per node), inter (one per local rank "
         f"across nodes) {dflt('groups')}",
     )  # fmt: skip
-    r.add_argument("--precisions", type=_csv_list, help=f"comma-separated precisions, e.g. fp32,bf16,fp8_e4m3:block128 {dflt('precisions')}")
+    r.add_argument(
+        "--precisions", "-d", "--datatype", dest="precisions", type=_csv_list,
+        help="comma-separated precisions, e.g. fp32,bf16,fp8_e4m3:block128; nccl-tests' type names (float, half, "
+        f"bfloat16, f8e4m3, f8e5m2) and torch's (float32, torch.bfloat16) are accepted, and all {dflt('precisions')}",
+    )  # fmt: skip
     r.add_argument("-b", "--minbytes", type=_size, help=f"smallest fp32 tensor size, e.g. 8, 64K, 1MB {dflt('min_bytes')}")
     r.add_argument("-e", "--maxbytes", type=_size, help=f"largest fp32 tensor size {dflt('max_bytes')}")
     r.add_argument("-f", "--stepfactor", type=_positive_int, help=f"multiplicative size step (>= 2) {dflt('factor')}")
@@ -110,7 +115,7 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
     r.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness pass")
     r.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run, skipping finished points (default: a new run)")
     r.add_argument(
-        "--timeout", "--collective-timeout", dest="timeout", type=_positive_float, metavar="S",
+        "-T", "--timeout", "--collective-timeout", dest="timeout", type=_positive_float, metavar="S",
         help="collective timeout: seconds a rank waits for its peers in one collective (and at the rendezvous) "
         "before it gives up, the process group's timeout (NCCL's watchdog); a hung rank is named when it expires "
         f"(default: torch's, {DEFAULT_COLLECTIVE_TIMEOUT_S:g})",
@@ -130,21 +135,22 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
         help="log NCCL's choices at init (NCCL_DEBUG=INFO, subsystems INIT,NET) to <run dir>/logs/nccl.<host>.rank<r>.log "
         "and show each rank's transport (NVLS, P2P, SHM, IB, Socket) in the report's Nodes table (default: off)",
     )  # fmt: skip
-    r.add_argument("--warmup", type=_positive_int, help=f"untimed calls per phase before calibration {dflt('timing.warmup')}")
+    r.add_argument("-w", "--warmup", type=_positive_int, help=f"untimed calls per phase before calibration (nccl-tests' -w) {dflt('timing.warmup')}")
     r.add_argument("--min-time", type=_positive_float, help=f"minimum seconds per sample (calibrates k) {dflt('timing.min_time_s')}")
-    r.add_argument("--min-iters", type=_positive_int, help=f"minimum back-to-back ops per sample (nccl-tests' -n) {dflt('timing.min_iters')}")
+    r.add_argument("-n", "--min-iters", type=_positive_int, help=f"back-to-back ops per sample, at least (nccl-tests' -n: k grows from it until a sample lasts --min-time) {dflt('timing.min_iters')}")
     r.add_argument("--repeats", type=_positive_int, help=f"minimum samples per point (6 reach a 95 %% interval) {dflt('timing.repeats')}")
     r.add_argument("--target-ci", type=_positive_float, help=f"target relative half-width of each point's 95 %% interval {dflt('timing.target_ci')}")
     r.add_argument("--max-time", type=_positive_float, help=f"seconds of sampling per size before a point is left noisy {dflt('timing.budget_s')}")
     r.add_argument("--timing-mode", choices=TIMING_MODES, help=f"stream: k back-to-back ops per sample (nccl-tests); isolated: one op after --gap seconds of compute, as a training step issues it {dflt('timing.mode')}")
     r.add_argument("--gap", type=_positive_float, help=f"isolated mode: seconds of compute before each timed op {dflt('timing.gap_s')}")
-    r.add_argument("--passes", type=_positive_int, help=f"visits of the whole grid, each taking its share of every point's rounds {dflt('timing.passes')}")
+    r.add_argument("-N", "--passes", type=_positive_int, help=f"visits of the whole grid, each taking its share of every point's rounds (nccl-tests' -N run cycles) {dflt('timing.passes')}")
     r.add_argument("-r", "--root", type=int, metavar="RANK", help=f"root rank, inside each group, of broadcast, reduce, gather and scatter (nccl-tests' -r) {dflt('root')}")
     r.add_argument("-o", "--op", metavar="OP", help=f"reduction op of all_reduce, reduce_scatter and reduce: sum, prod, min, max, avg (nccl-tests' -o; avg needs NCCL, codecs reduce by sum only) {dflt('op')}")
     r.add_argument("-G", "--cuda-graph", "--cudagraph", dest="cuda_graph", type=int, metavar="N", help=f"CUDA-graph mode (nccl-tests' -G): capture each sample's k ops in one CUDA graph and time N launches of it; NCCL on CUDA only (elsewhere one line says so and ops run eagerly) {dflt('timing.cuda_graph')}")
     r.add_argument("--no-training", action="store_true", help=f"skip the suite's [training] section (default: run it; {DEFAULT_SUITE} has one: {q.get('training', 'no')})")
     r.add_argument("--no-report", action="store_true", help="do not write the HTML/Markdown report at the end (default: write it)")
     r.add_argument("--quiet", action="store_true", help="no progress bar (default: a progress bar on a terminal's stderr)")
+    add_nccl_tests_flags(r)
 
     sub.add_parser("list", help="list collectives, precisions and suites")
 
@@ -159,6 +165,11 @@ def build_parser(suite_defaults: bool = True) -> argparse.ArgumentParser:
     cmp_.add_argument(
         "--min-effect", type=float, default=0.0,
         help="also require a ratio to differ from 1 by at least this fraction to be significant (default 0)",
+    )  # fmt: skip
+    cmp_.add_argument(
+        "--threshold", metavar="PCT", default="5%",
+        help="runs without samples per point (nccl-tests text logs): call a point slower or faster when its time "
+        "ratio is beyond 1 +- this, a threshold verdict, labelled so (default 5%%)",
     )  # fmt: skip
 
     chk = sub.add_parser(
@@ -302,6 +313,8 @@ def resolve_suite(args: argparse.Namespace) -> SuiteConfig:
         ("cuda_graph", args.cuda_graph),
     )  # fmt: skip
     timing = {k: v for k, v in flags if v is not None}
+    if timing.get("min_iters", 0) > suite.timing.max_iters:  # -n 5000: k starts there, so its ceiling goes with it
+        timing["max_iters"] = timing["min_iters"]
     if args.no_training and suite.training is not None:
         from dataclasses import replace
 
@@ -327,8 +340,12 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     )
     from commbench.store.results import LOGS_DIR, RunDirError, check_new_run_dir, load_metadata
 
+    check_nccl_tests_flags(args)
     suite = resolve_suite(args)  # validate before anything is spawned or written
     info = detect_world()
+    if (info is None or not os.environ.get("COMMBENCH_PARENT_PID")) and _launcher_rank() == 0:
+        for note in nccl_tests_notes(args, argv):
+            print(f"# note: {note}", file=sys.stderr)
     if info is not None:
         return run_worker(args, suite)
     meta = load_metadata(args.resume) if args.resume is not None else None
@@ -503,7 +520,10 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
     out = args.out or first.parent / f"compare-{names}"
     for w in compare_warnings(args.run_dirs, args.labels):
         print(f"commbench: warning: {w}", file=sys.stderr)
-    paths = compare_runs(args.run_dirs, args.labels, out, min_effect=args.min_effect)
+    from commbench.views.gate import parse_slowdown
+
+    threshold = parse_slowdown(args.threshold, "--threshold")
+    paths = compare_runs(args.run_dirs, args.labels, out, min_effect=args.min_effect, threshold=threshold)
     for line in console_lines(paths["csv"]):
         print(line)
     print(f"# compare: {paths['html']} (also compare.md, compare.csv)")

@@ -4,8 +4,10 @@ types."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
+from commbench.core.names import did_you_mean
 from commbench.core.units import parse_size
 
 
@@ -13,9 +15,14 @@ class CLIError(ValueError):
     """Bad input: printed as one line, exit code 2."""
 
 
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's default exits itself; we want one line and code 2
-        raise CLIError(f"{message} (see `{self.prog} --help`)")
+        bad = _INVALID_CHOICE.search(message)  # argparse names no close choice before Python 3.14: we do
+        near = did_you_mean(bad[1], re.findall(r"'([^']*)'", bad[2])) if bad else ""
+        raise CLIError(f"{message}{near} (see `{self.prog} --help`)")
 
 
 def csv_list(text: str) -> list[str]:

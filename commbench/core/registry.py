@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
 from commbench.core import plugins
+from commbench.core.names import canonical, unknown
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -64,11 +65,11 @@ class Registry(Generic[T]):
         ``default`` (as ``dict.get``), returns it. A bad option of a known name raises either way."""
         self._ready()
         try:
-            return self.resolve(name)
+            return self.resolve(canonical(self.kind, name))
         except KeyError:
             if default is not _MISSING:
                 return default
-            raise ValueError(f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}") from None
+            raise ValueError(unknown(self.kind, name, self.names())) from None
 
     def names(self) -> list[str]:
         self._ready()
@@ -84,7 +85,7 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         self._ready()
         try:
-            self.resolve(str(name))
+            self.resolve(canonical(self.kind, str(name)))
         except (KeyError, ValueError):
             return False
         return True
@@ -162,8 +163,9 @@ class OptionRegistry(Registry[T]):
     def family(self, base: str) -> Family[T]:
         """The family of ``base`` (a ``ValueError`` naming the valid choices when unknown)."""
         self._ready()
+        base = canonical(self.kind, base)
         if base not in self._families:
-            raise ValueError(f"unknown {self.kind} {base!r}; valid choices: {', '.join(self._families)}")
+            raise ValueError(unknown(self.kind, base, self._families))
         return self._families[base]
 
     def options_help(self) -> dict[str, str]:
@@ -187,5 +189,20 @@ def lookup(kind: str, name: str) -> Any:
     when either is unknown."""
     plugins.load(kind=kind)
     if kind not in REGISTRIES:
-        raise ValueError(f"unknown registry {kind!r}; valid: {', '.join(sorted(set(REGISTRIES) | set(plugins.KINDS)))}")
+        raise ValueError(unknown("registry", kind, sorted(set(REGISTRIES) | set(plugins.KINDS))))
     return REGISTRIES[kind].get(name)
+
+
+def names_of(kind: str) -> list[str]:
+    """Every name the registry of ``kind`` holds (its built-ins and the plugins loaded first), in its order."""
+    plugins.load(kind=kind)
+    if kind not in REGISTRIES:
+        raise ValueError(unknown("registry", kind, sorted(set(REGISTRIES) | set(plugins.KINDS))))
+    return REGISTRIES[kind].names()
+
+
+def canonical_name(kind: str, name: str) -> str:
+    """commbench's own name for ``name`` of ``kind`` (another tool's alias resolved, an option kept), checked: a
+    ``ValueError`` line (valid choices, the closest ones) when the registry of ``kind`` has no such thing."""
+    lookup(kind, name)
+    return canonical(kind, name)

@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from commbench.core.names import ALL, did_you_mean, unknown
 from commbench.core.nccl_tests import REDUCE_OPS
-from commbench.core.registry import Registry, lookup
+from commbench.core.registry import Registry, canonical_name, lookup, names_of
 from commbench.core.settings import check_settings, count, positive, setting
 from commbench.core.units import parse_size, size_grid
 
@@ -134,19 +135,19 @@ class SuiteConfig:
     def __post_init__(self) -> None:
         if not self.collectives and self.training is None:
             raise ValueError("suite lists no collectives (and no [training] section)")
-        for c in self.collectives:
-            lookup("collective", c)
-        for p in self.precisions:
-            lookup("precision", p)
+        # other tools' names (nccl-tests' -d bfloat16, torch's float32, alltoall) become commbench's, so metadata,
+        # --resume and the rows carry one name; 'all' is every registered one (nccl-tests' -d all)
+        self.collectives = _canonical_list("collective", self.collectives)
+        self.precisions = _canonical_list("precision", self.precisions)
         if self.collectives and not self.precisions:
             raise ValueError("suite lists collectives but no precisions")
         if self.payload not in PAYLOADS:
-            raise ValueError(f"unknown payload {self.payload!r}; valid choices: {', '.join(PAYLOADS)}")
+            raise ValueError(unknown("payload", self.payload, PAYLOADS))
         size_grid(self.min_bytes, self.max_bytes, self.factor)
         if not isinstance(self.root, int) or isinstance(self.root, bool) or self.root < 0:
             raise ValueError(f"root must be a rank >= 0 (nccl-tests -r), got {self.root!r}")
         if self.op not in REDUCE_OPS:
-            raise ValueError(f"unknown reduction op {self.op!r}; valid choices: {', '.join(REDUCE_OPS)}")
+            raise ValueError(unknown("reduction op", self.op, REDUCE_OPS))
         if not self.groups:
             raise ValueError("suite lists no groups (e.g. groups = [\"world\"])")
         for g in self.groups:
@@ -185,6 +186,14 @@ _TIMING_KEYS = {
 }
 
 
+def _canonical_list(kind: str, names: list[str]) -> list[str]:
+    """``names`` in commbench's spelling, each checked (one line naming the closest valid ones when unknown);
+    ``["all"]`` is every registered name of ``kind``."""
+    if [n.strip().lower() for n in names] == [ALL]:
+        return names_of(kind)
+    return [canonical_name(kind, n) for n in names]
+
+
 def _as_list(key: str, value: Any) -> list[str]:
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
@@ -199,7 +208,8 @@ def suite_from_dict(data: dict[str, Any], *, name: str = "custom") -> SuiteConfi
     unknown = sorted(key for key in tables if key not in SUITE_TABLES)
     if unknown:
         valid = sorted(_SUITE_KEYS | set(SUITE_TABLES.names()))
-        raise ValueError(f"unknown suite key(s) {', '.join(unknown)}; valid keys: {', '.join(valid)}")
+        near = did_you_mean(unknown[0], valid) if len(unknown) == 1 else ""
+        raise ValueError(f"unknown suite key(s) {', '.join(unknown)}; valid keys: {', '.join(valid)}{near}")
     kw: dict[str, Any] = {"name": str(data.get("name", name))}
     for key in ("collectives", "precisions"):
         if key in data:
@@ -221,7 +231,8 @@ def suite_from_dict(data: dict[str, Any], *, name: str = "custom") -> SuiteConfi
         raise ValueError("suite key 'timing' must be a table")
     bad = set(timing) - _TIMING_KEYS
     if bad:
-        raise ValueError(f"unknown timing key(s) {', '.join(sorted(bad))}; valid keys: {', '.join(sorted(_TIMING_KEYS))}")
+        near = did_you_mean(min(bad), _TIMING_KEYS) if len(bad) == 1 else ""
+        raise ValueError(f"unknown timing key(s) {', '.join(sorted(bad))}; valid keys: {', '.join(sorted(_TIMING_KEYS))}{near}")
     try:
         kw["timing"] = TimingConfig(**timing)
     except TypeError as e:
@@ -254,17 +265,28 @@ def available_suites() -> dict[str, Path]:
     return found
 
 
+def looks_like_path(spec: str) -> bool:
+    """True for a suite argument written as a path (``./quick``, ``~/s.toml``, ``suites/x``, ``run.toml``): a path
+    is read as a file, anything else is a suite name first."""
+    return spec.endswith(".toml") or "/" in spec or "\\" in spec or spec.startswith(("~", "."))
+
+
 def resolve_suite_path(spec: str) -> Path:
-    """A path to a TOML file, or a bare name (``quick``) found in :func:`suite_dirs`."""
-    p = Path(spec)
-    if p.suffix == ".toml" or p.exists() or "/" in spec:
-        if not p.is_file():
-            raise ValueError(f"suite file {spec!r} does not exist; known suites: {', '.join(available_suites()) or 'none'}")
-        return p
+    """The TOML file a suite argument names. A built-in suite name (``quick``, :func:`available_suites`) wins over a
+    same-named file or folder in the working directory (a ``quick/`` run directory left by ``--out quick``), unless
+    the argument looks like a path (:func:`looks_like_path`); a file that matches no name is read as a path."""
     suites = available_suites()
-    if spec not in suites:
-        raise ValueError(f"unknown suite {spec!r}; known suites: {', '.join(suites) or 'none'} (or give a path to a .toml file)")
-    return suites[spec]
+    known = f"known suites: {', '.join(suites) or 'none'}"
+    p = Path(spec).expanduser()
+    if not looks_like_path(spec) and spec in suites:
+        return suites[spec]
+    if p.is_file():
+        return p
+    if p.is_dir():
+        raise ValueError(f"suite {spec!r} is a directory, not a suite file (a .toml file); {known}")
+    if looks_like_path(spec):
+        raise ValueError(f"suite file {spec!r} does not exist; {known}")
+    raise ValueError(f"unknown suite {spec!r}; {known} (or give a path to a .toml file){did_you_mean(spec, suites)}")
 
 
 def load_suite(spec: str) -> SuiteConfig:

@@ -13,12 +13,13 @@ from typing import Any
 from commbench.core.records import crossover_phrase, is_missing
 from commbench.core.units import format_size, human_bytes
 from commbench.measure.table import (
-    LEGEND,
+    KEEP,
     Column,
     block_title,
     columns_for,
     format_row,
     header_lines,
+    legend,
     terminal_width,
 )
 
@@ -83,9 +84,12 @@ def _link_util(row: Any, width: int) -> str:
     return f"{'-':>{width}}" if u is None or is_missing(u) else f"{float(u):>{width}.2f}"
 
 
-LINK_COLUMN = Column("link", "(util)", 6, _link_util, 9)
-"""busbw as a fraction of the link the group crosses (``link_util``), right of the nccl-tests columns; "-" where
-the group crosses no link with a rate (the block's ``# link:`` line says why)."""
+LINK_COLUMN = Column(
+    "link", "(util)", 6, _link_util, KEEP + 2, sep=3, legend="link: busbw as a fraction of the link the group crosses",
+    needs="link_gbps",
+)
+"""busbw as a fraction of the link the group crosses (``link_util``), right of the other columns; shown only for a
+block whose link has a rate (elsewhere the block's ``# link:`` line says why there is none)."""
 
 
 def link_line(row: Mapping[str, Any]) -> str | None:
@@ -99,36 +103,72 @@ def link_line(row: Mapping[str, Any]) -> str | None:
     return f"link: {link}; link = busbw / {float(rate):.4g} GB/s"
 
 
+def precision_legend(names: Iterable[str]) -> str:
+    """One sentence naming what each precision shown is (``fp32_chunked`` is fp32 through the codecs' algorithm);
+    a name the registry does not know (an imported run's) is left out."""
+    from commbench.measure.precision import get_precision
+
+    parts = []
+    for name in dict.fromkeys(names):
+        try:
+            parts.append(f"{name} = {get_precision(name).description}")
+        except ValueError:
+            continue
+    return "precisions: " + "; ".join(parts) if parts else ""
+
+
 class PointPrinter:
-    """Prints finished points as nccl-tests rows (as many columns as the terminal fits) and their ``link_util``,
-    with a block title, the block's link and a header whenever the collective changes; each row names its
-    precision."""
+    """Prints finished points as nccl-tests rows (as many columns as the terminal fits, the least useful dropped
+    first) with, whenever the collective or group changes, a block title, the block's link, the legend of the
+    columns and precisions shown and a header; each row names its precision. :meth:`rows` takes one size's points
+    at once, so the legend names every precision of the block before its first row; :meth:`row` one point (a
+    precision first seen inside a block gets its legend line there)."""
 
     def __init__(self, width: int | None = None) -> None:
         self._block: str | None = None
         self._width = width or terminal_width()
-        self._cols = [*columns_for(self._width - LINK_COLUMN.width - LINK_COLUMN.sep), LINK_COLUMN]
-        self._legend = False
+        self._cols: list[Column] = []
+        self._explained: set[str] = set()
 
-    def row(self, row: Any, redop: str) -> None:
-        if not self._legend:
-            self._legend = True
-            for line in comment(LEGEND.removeprefix("# "), self._width):
-                print(line)
-        block = f"{row['collective']}|{row.get('group', 'world')}"
+    def _say(self, text: str) -> None:
+        for line in comment(text, self._width):
+            print(line)
+
+    def _explain(self, names: Iterable[str]) -> None:
+        new = [n for n in dict.fromkeys(names) if n not in self._explained]
+        self._explained.update(new)
+        text = precision_legend(new)
+        if text:
+            self._say(text)
+
+    def rows(self, rows: Iterable[Mapping[str, Any]], redop: str) -> None:
+        """Print one size's points of one block (every precision, in order)."""
+        rows = list(rows)
+        if not rows:
+            return
+        first = rows[0]
+        block = f"{first['collective']}|{first.get('group', 'world')}"
         if block != self._block:
             self._block = block
+            self._cols = columns_for(self._width, (LINK_COLUMN,), first)
             print("#")
-            for line in comment(block_title(row).removeprefix("# "), self._width):
-                print(line)
-            link = link_line(row)
+            self._say(block_title({**first, "redop": redop}, self._cols).removeprefix("# "))
+            link = link_line(first)
             if link:
-                for line in comment(link, self._width):
-                    print(line)
+                self._say(link)
+            self._say(legend(self._cols))
+            self._explain(str(r.get("precision", "")) for r in rows)
             for line in header_lines(self._cols):
                 print(line)
-        print(format_row({**row, "redop": redop}, self._cols))
+        else:
+            self._explain(str(r.get("precision", "")) for r in rows)
+        for r in rows:
+            print(format_row({**r, "redop": redop}, self._cols))
         sys.stdout.flush()
+
+    def row(self, row: Mapping[str, Any], redop: str) -> None:
+        """Print one point (see :meth:`rows`)."""
+        self.rows([row], redop)
 
 
 def print_skipped(pairs: Iterable[tuple[str, str]], backend: str, groups: Iterable[tuple[str, str]] = ()) -> None:

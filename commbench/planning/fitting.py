@@ -29,6 +29,13 @@ approximately right. The parameter covariance is ``s * (X^T W X)^-1`` with ``s``
 1 when sigma came from intervals, which then only widen); a prediction combines it with the residual scatter
 (:meth:`commbench.planning.costmodel.CostModel.predict`). Goodness of fit: R^2 of log time, rms of the log
 residuals, and the worst relative residual with where it was.
+
+Trust
+-----
+A fit extrapolates (prices sizes outside its points, states the asymptotic busbw ``1/beta``) only where its points
+support it: :func:`untrusted` names the fits whose R^2 of log time is below :data:`R2_MIN` or whose busbw is more
+than :data:`REACH` times the best measured (a run of latency-bound sizes: a gloo run of 1K..64K reads 0.6 GB/s at
+best and fits 36.6 GB/s, R^2 -0.07). ``commbench fit`` warns and keeps no model for them (:func:`refuse_untrusted`).
 """
 
 from __future__ import annotations
@@ -386,14 +393,79 @@ def _residual_frame(
     )
 
 
+R2_MIN = 0.5
+"""A fit whose R^2 of log time is below this explains too little of how time grows with size to extrapolate."""
+REACH = 2.0
+"""A fit whose asymptotic busbw (1/beta) exceeds the best busbw measured by more than this factor extrapolates to
+a bandwidth no measured size came near: every point was latency-bound."""
+
+
+def untrusted(model: CostModel) -> dict[tuple[str, str, str], str]:
+    """The fits that cannot be trusted outside their own points, with why: an R^2 of log time below
+    :data:`R2_MIN` (the sizes explain little of the time: flat, latency-bound or noisy points) or a fitted busbw more
+    than :data:`REACH` times the best busbw measured (the range never approached the bandwidth the fit claims).
+    The best busbw is read off the model's comm residuals, in the fit's own units (the algorithm's ``B(n)``, one
+    link's share), so it is the number ``1/beta`` is compared with."""
+    out: dict[tuple[str, str, str], str] = {}
+    res = model.residuals
+    for key, f in model.fits.items():
+        why = []
+        if not f.r2_log >= R2_MIN:  # NaN too: every point the same time
+            why.append(f"R^2 of log time {f.r2_log:.2f} < {R2_MIN:g}: the sizes explain little of the time")
+        sel = res[(res["collective"] == key[0]) & (res["precision"] == key[1]) & (res["group"] == key[2])
+                  & (res["term"] == "comm")]  # fmt: skip
+        if len(sel):
+            alg = ALGORITHMS[f.algorithm]
+            share = max(min(f.link_shares), 1) if f.link_shares else 1
+            bus = [float(s) * alg.bandwidth_factor(key[0], int(n)) * share / (float(t) * 1e-6)
+                   for s, n, t in zip(sel["size_bytes"], sel["world_size"], sel["measured_us"], strict=True)
+                   if float(t) > 0]  # fmt: skip
+            best = max(bus, default=math.nan) * 1e-9
+            if not math.isfinite(f.busbw_gbps):
+                why.append(f"time does not grow with size over its points (best measured busbw {best:.3g} GB/s): "
+                           "the fit has no bandwidth term")  # fmt: skip
+            elif best > 0 and f.busbw_gbps > REACH * best:
+                why.append(
+                    f"its busbw {f.busbw_gbps:.3g} GB/s is {f.busbw_gbps / best:.3g}x the best measured {best:.3g} GB/s: "
+                    "no measured size came near it"
+                )
+        if why:
+            out[key] = "; ".join(why)
+    return out
+
+
+def refuse_untrusted(model: CostModel) -> list[str]:
+    """Take the :func:`untrusted` fits out of ``model`` (and their points), listing each under ``skipped`` with why:
+    a model file then prices no call from them, so nothing is extrapolated from a fit that cannot be. Returns the
+    warning line (none when every fit holds)."""
+    refused = untrusted(model)
+    for key, why in refused.items():
+        f = model.fits.pop(key)
+        model.measured.pop(key, None)
+        name = "/".join(key)
+        model.skipped[name] = (
+            f"not kept: the fit cannot be trusted outside its points ({why}); measure sizes large enough that the "
+            f"time grows with size (raise -e above {human_bytes(f.max_bytes)}), then fit again"
+        )
+    if not refused:
+        return []
+    names = ", ".join("/".join(k) for k in refused)
+    return [f"# warning: {len(refused)} fit(s) cannot be trusted outside their points, so nothing is extrapolated from "
+            f"them and no model is kept for them (why: skipped, below): {names}"]  # fmt: skip
+
+
 def main_fit(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> str:
-    """``commbench fit RUN_DIR... --out model.json``: fit, write the model, return a printable summary."""
+    """``commbench fit RUN_DIR... --out model.json``: fit, refuse what cannot be trusted (:func:`refuse_untrusted`),
+    write the model, return a printable summary."""
     model = fit(list(run_dirs))
+    warnings = refuse_untrusted(model)
     p = write_model(model, out)
     head = f"# cost model of {len(run_dirs)} run(s): {', '.join(str(r) for r in run_dirs)}\n"
     head += "# time = alpha*A(n) + wire_bytes*beta*B(n)  (ring: busbw = 1/beta); codec = c0 + c1*fp32_bytes\n"
     head += "# inside the measured sizes of a layout a call is priced from its points; the fit prices the rest\n"
-    return head + model.format_summary() + f"\n# model: {p}"
+    return head + "".join(w + "\n" for w in warnings) + model.format_summary() + f"\n# model: {p}"
 
 
-__all__ = ["MEDIAN_SE", "REQUIRED", "Source", "fit", "main_fit", "nnls2"]
+__all__ = [
+    "MEDIAN_SE", "R2_MIN", "REACH", "REQUIRED", "Source", "fit", "main_fit", "nnls2", "refuse_untrusted", "untrusted",
+]  # fmt: skip

@@ -134,10 +134,11 @@ def series_columns(df: pd.DataFrame) -> list[str]:
     cols = ["precision"]
     if df.empty or "precision" not in df.columns:
         return cols
+    by = ["collective", "precision"] if "collective" in df.columns else ["precision"]
     for c in SERIES_CANDIDATES[1:]:
-        # only when one precision has several values (fp8 by bytes and natively, in/out-of-place),
-        # not when the column merely differs between precisions.
-        if c in df.columns and df.groupby("precision")[c].nunique(dropna=True).max() > 1:
+        # only when one precision of one collective has several values (fp8 by bytes and natively, in/out-of-place),
+        # not when the column merely differs between precisions or collectives (redop: sum, none for all_gather).
+        if c in df.columns and df.groupby(by)[c].nunique(dropna=True).max() > 1:
             cols.append(c)
     return cols
 

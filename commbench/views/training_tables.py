@@ -366,6 +366,9 @@ def gain_by_parallelism_lines(t: pd.DataFrame, steps: pd.DataFrame | None = None
     g = gain_by_parallelism(t, steps)
     if g.empty:
         return []
+    g = g[g["note"] != "reference not in this run"]  # nothing to say on the console (the report's table says it)
+    if g.empty:
+        return []
     lines = ["low-precision gain by parallelism: speed-up vs its reference [95 % CI], bytes per step per rank"]
     for _, r in g.iterrows():
         ref_bytes, my_bytes = _bytes_text(r)
