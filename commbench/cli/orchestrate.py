@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from commbench.core.suite import SuiteConfig
-from commbench.core.units import format_size
 from commbench.measure import console
 from commbench.measure.collectives import check_configuration
 from commbench.measure.timing import sample_timer
@@ -207,6 +206,27 @@ def nccl_debug_path(out: Any, rank: int) -> Path:
     return base / f"nccl.{socket.gethostname()}.rank{rank}.log"
 
 
+def _term_as_interrupt() -> None:
+    """SIGINT and SIGTERM (Ctrl-C; a launcher stopping its ranks, a batch system's time limit) unwind as a
+    KeyboardInterrupt naming the signal, so rank 0 records in the metadata that the run is partial and why (the
+    default SIGTERM would end the process where it stands). The first signal wins: the launcher answers a Ctrl-C
+    by terminating its ranks, and that second signal must not cut short what the first one's unwinding writes
+    (the launcher kills after a grace period). Only where nobody else has claimed the signal."""
+    import signal
+
+    stopping: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(sig) is default:
+            signal.signal(sig, stop)
+
+
 def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
     """One rank of the run (spawned locally, or started by torchrun / srun / mpirun)."""
     import torch.distributed as dist
@@ -222,6 +242,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
 
     if os.environ.get("COMMBENCH_PARENT_PID"):
         set_parent_death_signal()
+    _term_as_interrupt()
     import warnings
 
     # torch >= 2.10 deprecates the *_into_tensor names once per call site; the numbers do not change.
@@ -277,7 +298,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             if d.rank == 0:
                 print(f"commbench: error: {verdict[0]}", file=sys.stderr)
             return 2
-        _run_sweep(suite, d, writer, quiet=args.quiet)
+        from commbench.cli.sweep_run import run_sweep
+
+        run_sweep(suite, d, writer, quiet=args.quiet)
         if suite.training is not None:
             # what the sweep left (payloads, references, the allocator's cached blocks) must not count in any
             # policy's peak memory
@@ -290,6 +313,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         if writer is not None:
             meta = json.loads((writer.dir / "metadata.json").read_text())
             meta["end_time"] = _now()
+            meta.pop("partial", None)  # a resumed run that completes is whole again
             if transports is not None:
                 from commbench.cluster.metadata import add_transports
 
@@ -326,67 +350,6 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         return 1
     finally:
         shutdown_world()
-
-
-def _run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
-    from commbench.measure.sweep import Sweep, agree_done, count_points, iter_groups
-    from commbench.store.results import crossover
-
-    sweep = Sweep(suite, d)
-    done = agree_done(d, writer.done_keys() if writer is not None else set())
-    todo = list(iter_groups(sweep, done))
-    lead = d.rank == 0
-    if lead:
-        console.print_skipped(sweep.skipped(), d.backend, sweep.skipped_groups())
-        if done:
-            console.print_resume(writer.dir if writer is not None else "", len(done), count_points(todo))
-    passes = suite.timing.passes
-    progress = console.SweepProgress(count_points(todo) * passes, enabled=lead and not quiet)
-    printer = console.PointPrinter()
-    # Every pass visits the whole grid and adds its share of rounds to each group; the rows are written (and
-    # printed) as the last pass finishes each group, so an interrupted run resumes from the last whole group.
-    states: list[Any] = [None] * len(todo)
-    try:
-        for p in range(passes):
-            for i, (group, indices) in enumerate(todo):
-                states[i] = sweep.sample_group(group, states[i], p)
-                where = f"{group.collective.name} {format_size(group.fp32_bytes)} [{group.kind}]"
-                if passes > 1:
-                    where = f"pass {p + 1}/{passes} {where}"
-                if p == passes - 1:
-                    points, ranks = sweep.finish_group(group, states[i], indices)
-                    states[i] = None
-                    if lead:
-                        assert writer is not None
-                        writer.add([pt for _, pt in points])
-                        writer.add(ranks)
-                        for _, pt in points:
-                            printer.row(pt.as_dict(), group.collective.redop)
-                progress.advance(where, len(indices))
-    finally:
-        progress.stop()
-    if lead and writer is not None and sweep.unavailable:
-        meta = json.loads((writer.dir / "metadata.json").read_text())
-        meta["skipped"] = sweep.unavailable
-        writer.write_metadata(meta)
-    if lead and writer is not None:
-        import pandas as pd
-
-        df = pd.DataFrame(writer.rows["results"])
-        if not df.empty:
-            console.print_noise_warning(df)
-        cross = crossover(df)
-        writer.write_crossover(cross)
-        console.print_crossover(cross)
-        from commbench.measure.stragglers import stragglers
-
-        console.print_stragglers(stragglers(pd.DataFrame(writer.rows["ranks"])))
-        # "is my number good?": each series' largest size as a share of the link it crosses (the report's finding)
-        from commbench.views.findings import link_findings
-
-        for line in link_findings(df):
-            for out in console.comment(line):
-                print(out)
 
 
 def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = False) -> None:

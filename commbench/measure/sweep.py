@@ -23,7 +23,7 @@ import signal
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from commbench.measure import console
 from commbench.measure.check import Check, check_group, load_inputs, payload_source
 from commbench.measure.collectives import Collective, Layout, get_collective
 from commbench.measure.groups import SubGroup, build, get_group_kind, unusable
+from commbench.measure.passes import GroupState
 from commbench.measure.precision import Precision, Unsupported, get_precision
 from commbench.measure.raw_codec import NAME as ALGORITHM_BASELINE
 from commbench.measure.timing import Rounds, Stats, bandwidth_gbps, graph_note, measure_rounds, sample_timer
@@ -63,19 +64,6 @@ class Group:
     """Communicator group kind (commbench.measure.groups) the points run in."""
     points: list[tuple[int, Point]] = field(default_factory=list)
     """(run-order index, point) in precision order."""
-
-
-@dataclass(slots=True)
-class GroupState:
-    """What one group carries from pass to pass: its checks (payload dropped) and every round so far."""
-
-    checks: list[Check]
-    rounds: Rounds
-    wire_bytes: list[int]
-    has_codec: list[bool]
-    live: list[int]
-    """Positions in ``group.points`` that run (one contender each, in order): the others were skipped on every
-    rank (their precision raised :class:`~commbench.measure.precision.Unsupported`)."""
 
 
 def contenders(names: Sequence[str], coll: Collective, backend: str) -> list[Precision]:
@@ -120,6 +108,32 @@ def _fault_hook(rank: int, index: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "hang":
             time.sleep(3600)
+
+
+def _trace(rank: int, what: str) -> None:
+    """Test hook: with ``COMMBENCH_INJECT_TRACE=PATH`` every rank appends one line per check and per measured pass
+    of a group to PATH (``RANK check|measure COLLECTIVE FP32_BYTES GROUP [pass P]``): the tests count what a resumed
+    run measures again, not how long it took."""
+    path = os.environ.get("COMMBENCH_INJECT_TRACE")
+    if path:
+        with open(path, "a") as f:
+            f.write("".join(f"{rank} {line}\n" for line in what.splitlines()))
+
+
+def signal_hook(rank: int, passes_done: int) -> None:
+    """Test hook: ``COMMBENCH_INJECT_SIGNAL=INT:PASS`` or ``TERM:PASS``: once the run's ``PASS``-th pass of the grid
+    is over (and journaled), every rank sends itself the signal and rank 0 its launcher too (a Ctrl-C reaches every
+    process of the terminal's group; a batch system's SIGTERM reaches the ranks)."""
+    spec = os.environ.get("COMMBENCH_INJECT_SIGNAL")
+    if not spec or int(spec.split(":")[1]) != passes_done:
+        return
+    sig = signal.Signals[f"SIG{spec.split(':')[0]}"]
+    parent = os.environ.get("COMMBENCH_PARENT_PID")
+    try:
+        os.kill(os.getpid(), sig)  # its handler raises as this call returns: the rank stops before its launcher does
+    finally:
+        if rank == 0 and parent and sig == signal.SIGINT:
+            os.kill(int(parent), sig)
 
 
 def _slow_hook(rank: int, comm: Callable[[], None]) -> Callable[[], None]:
@@ -286,6 +300,8 @@ class Sweep:
             return None
         pairs = [(group.points[c][1].precision, op) for c, op in zip(live, ops, strict=True)]
         checks = check_group(view, suite, coll, layout, pairs, group.fp32_bytes) if state is None else state.checks  # type: ignore[arg-type]
+        where = f"{coll.name} {group.fp32_bytes} {group.kind}"
+        _trace(d.rank, f"{'check ' + where + chr(10) if state is None else ''}measure {where} pass {pass_index}")
         # Timing on the payload, regenerated from its seed in blocks rather than kept through the checks or the
         # run: one tensor per input dtype loads every contender (in-place collectives keep summing into the buffer:
         # like nccl-tests in-place).
@@ -319,7 +335,8 @@ class Sweep:
             timer=sample_timer(d, t.device_timer, t.cuda_graph),
         )
         return GroupState(checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
-                          has_codec=[op.has_codec for op in ops], live=live)  # fmt: skip
+                          has_codec=[op.has_codec for op in ops], live=live,
+                          passes=1 if state is None else state.passes + 1)  # fmt: skip
 
     def _skip(self, pt: Point, kind: str, reason: str) -> None:
         """Record (and on rank 0 print) a point its precision refused at run time, once per (precision,
@@ -331,9 +348,10 @@ class Sweep:
                 console.print_unavailable(entry)
 
     def finish_group(
-        self, group: Group, state: GroupState | None, todo: set[int] | None = None
+        self, group: Group, state: GroupState | None, todo: set[int] | None = None, *, partial: bool = False
     ) -> tuple[list[tuple[int, CollectivePoint]], list[RankPoint]]:
-        """The records of ``group``'s points in ``todo`` (all when None) from every pass's rounds.
+        """The records of ``group``'s points in ``todo`` (all when None) from every pass's rounds so far; with
+        ``partial``, marked provisional (written after a pass that is not the last: an interrupted run keeps them).
 
         Points already finished (``--resume``) are timed again when a point still to do needs them as its
         pair partner, but not recorded twice.
@@ -362,7 +380,7 @@ class Sweep:
             rec = self._record(
                 pt, layout, state.wire_bytes[c], state.has_codec[c], chk, rounds, c, gain, algo_gain, prec_gain, sg
             )
-            out.append((index, rec))
+            out.append((index, replace(rec, passes_done=state.passes, partial=partial)))
         keep = [i for i, _ in points if todo is None or i in todo]
         return out, self._rank_records(group, points, rounds, keep)
 

@@ -6,6 +6,10 @@ source of truth for ``--resume``; ``rows.jsonl`` for results, ``<table>.jsonl`` 
 ``<table>.csv`` and ``<table>.parquet`` rewritten atomically after every add; ``crossover.csv``; and
 ``metadata.json`` (see :mod:`commbench.cluster.metadata`). A crash loses at most the point in flight; a torn last
 journal line is ignored. Columns and dtypes come from the record types (:mod:`commbench.core.records`).
+
+A table whose record type has a ``KEY`` (the results) holds one row per key: the journal keeps every row written
+(a point's provisional rows after each pass, then its final one), the tables and :attr:`RunWriter.rows` the latest.
+Journal-only tables (:meth:`RunWriter.append_journal`: the sweep's per-pass samples) have no CSV.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ CROSSOVER_COLUMNS: tuple[str, ...] = Crossover.columns()
 _JOURNALS = {"results": "rows.jsonl"}
 """Journal names that differ from ``<table>.jsonl`` (the results journal kept its schema-1 name)."""
 
+
+PASSES_TABLE = "passes"
+"""The sweep's journal of every group's passes (``passes.jsonl``, :mod:`commbench.measure.passes`): journal only,
+its rows hold nested samples; --resume measures only the passes it lacks."""
+JOURNAL_ONLY = (PASSES_TABLE,)
+"""Tables that have a journal and no CSV or parquet."""
 
 LOGS_DIR = "logs"
 """Sub-directory of a run directory holding each locally spawned rank's log (``rank<r>.log``)."""
@@ -158,6 +168,21 @@ def write_table(run_dir: Path, table: str, df: pd.DataFrame) -> None:
     atomic_write_bytes(run_dir / f"{table}.parquet", buf.getvalue())
 
 
+def latest_per_key(rows: list[dict[str, Any]], record: type[Record] | None) -> list[dict[str, Any]]:
+    """The last row of each ``record.KEY`` in first-seen order (all rows when the record has no key): a point's
+    final row replaces its provisional ones."""
+    key = getattr(record, "KEY", None)
+    if not key:
+        return rows
+    defaults = record.defaults() if record is not None else {}
+    last: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        k = tuple(r.get(c, defaults.get(c)) for c in key)
+        last.pop(k, None)  # re-inserted: a point's row keeps its place among the rows finished after it
+        last[k] = r
+    return list(last.values())
+
+
 class _Tables(dict[str, list[dict[str, Any]]]):
     """Rows per table name; on --resume a table not touched yet reads its journal on first access."""
 
@@ -167,6 +192,7 @@ class _Tables(dict[str, list[dict[str, Any]]]):
 
     def __missing__(self, table: str) -> list[dict[str, Any]]:
         rows = read_journal(self._dir / journal_name(table)) if self._resume else []
+        rows = latest_per_key(rows, record_for_table(table))
         self[table] = rows
         return rows
 
@@ -222,6 +248,8 @@ class RunWriter:
             # hold a torn row's predecessor only): rewrite every table from its journal before adding to it.
             for table in _journal_tables(run_dir):
                 repair_journal(run_dir / journal_name(table))
+                if table in JOURNAL_ONLY:
+                    continue
                 rows = self.rows[table]
                 if rows:
                     write_table(run_dir, table, _frame(rows, record_for_table(table)))
@@ -231,9 +259,30 @@ class RunWriter:
         return [record.from_row(r) for r in self.rows[record.TABLE]]
 
     def done_keys(self) -> set[tuple[Any, ...]]:
+        """Keys of the finished points (a provisional row, ``partial``, is not finished: --resume completes it)."""
         # rows journaled before a key column existed take its default (e.g. group "world")
         defaults = CollectivePoint.defaults()
-        return {tuple(r.get(k, defaults.get(k)) for k in POINT_KEY) for r in self.rows[CollectivePoint.TABLE]}
+        return {
+            tuple(r.get(k, defaults.get(k)) for k in POINT_KEY)
+            for r in self.rows[CollectivePoint.TABLE]
+            if r.get("partial") is not True
+        }
+
+    def journal(self, table: str) -> list[dict[str, Any]]:
+        """Every row of ``table``'s journal as written (a journal-only table's too; nothing kept in memory)."""
+        return read_journal(self.dir / journal_name(table))
+
+    def append_journal(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Append ``rows`` to ``table``'s journal and fsync, nothing else: for rows too large to rewrite as a
+        table after every add (nested lists are written as JSON, NaN included)."""
+        if rows:
+            self._append(table, [json.dumps(dict(r), default=str) for r in rows])
+
+    def _append(self, table: str, lines: Sequence[str]) -> None:
+        with open(self.dir / journal_name(table), "a") as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
 
     def done_policies(self) -> set[str]:
         return {str(r["policy"]) for r in self.rows["training"]}
@@ -259,13 +308,10 @@ class RunWriter:
         any (:func:`commbench.core.records.record_for_table`), else as pandas infers."""
         if not rows:
             return
-        with open(self.dir / journal_name(table), "a") as f:
-            for row in rows:
-                f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.rows[table].extend(dict(r) for r in rows)
-        write_table(self.dir, table, _frame(self.rows[table], self._types.get(table) or record_for_table(table)))
+        self._append(table, [json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str) for row in rows])
+        rtype = self._types.get(table) or record_for_table(table)
+        self.rows[table] = latest_per_key([*self.rows[table], *(dict(r) for r in rows)], rtype)
+        write_table(self.dir, table, _frame(self.rows[table], rtype))
 
     def write_crossover(self, rows: Sequence[Crossover | Mapping[str, Any]]) -> None:
         """``crossover.csv``, rewritten whole (it is derived from the results, not journaled)."""

@@ -143,6 +143,13 @@ def write_report(
             f"Unfinished run: started {run.metadata.get('start_time', '?')} and never completed (no end time in "
             f"metadata.json); the tables hold the points finished so far. Continue it with `commbench run --resume {run_dir}`."
         )
+    partial = run.metadata.get("partial")
+    if isinstance(partial, dict):  # the sweep stopped early (commbench.cli.sweep_run.mark_partial)
+        banner.append(
+            f"Partial run ({partial.get('reason', 'stopped')}): {partial.get('final_points', '?')} point(s) finished, "
+            f"{partial.get('provisional_points', '?')} provisional (rows marked partial: the estimate from "
+            f"{partial.get('fewest_passes_done', '?')} or more of {partial.get('passes', '?')} passes)."
+        )
     # atomic: a report open in a browser or read by a script is the old one or the new one, never half of one
     atomic_write_text(html_path, render_html(title, sections, figures, found, banner, findings=said, suite=suite_toml))
     atomic_write_text(
