@@ -52,7 +52,7 @@ def test_nccl_fixture_calls_per_step() -> None:
     # record_param_comms are the same call, not a second one
     assert t.unread == {"record_param_comms: unknown collective 'allreduce_sparse'": 2}
     assert t.skipped["record_param_comms (barrier: no payload)"] == 2
-    assert t.skipped["c10d::allreduce_ (inside another communication record: the same call)"] == 6
+    assert t.skipped["c10d::allreduce_ (read from the record_param_comms inside it)"] == 6
 
 
 def test_steps_are_picked() -> None:
@@ -206,3 +206,21 @@ def test_replay_command_end_to_end(tmp_path: Path) -> None:
     assert set(model["skipped"]) == {"all_reduce/bf16/world", "all_gather/fp32/world", "all_gather/bf16/world"}
     again = commbench("replay", str(DDP_FIXTURE), "--out", str(out), cwd=Path(__file__).parent.parent, timeout=60)
     assert again.returncode == 2 and "not empty" in again.stderr  # nothing already written is lost
+
+
+def test_nested_records_are_one_call(tmp_path: Path) -> None:
+    """A record_param_comms inside another (one collective built from others) and a c10d operator inside a
+    functional collective are parts of the outer call, counted as no call of their own."""
+    rpc = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 16, "Out msg nelems": 16,
+           "Process Group Name": "0", "Process Group Ranks": "[0, 1]", "Group size": 2}  # fmt: skip
+    ev = [_x("ProfilerStep#1", 0, 100),
+          _x("c10d::allreduce_", 10, 20), _x("record_param_comms", 11, 15, **rpc), _x("record_param_comms", 12, 5, **rpc),
+          _x("_c10d_functional::all_reduce", 40, 20, **{"Input Dims": [[8], [], []], "Input type": ["float", "", ""],
+                                                        "Concrete Inputs": ["", "sum", "0"]}),
+          _x("c10d::allreduce_", 41, 5, **{"Input Dims": [[[8]]], "Input type": ["TensorList"]})]  # fmt: skip
+    t = read_trace(_write(tmp_path, _doc(ev, pg_config=[{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}])))
+    assert [(c.source, c.numel) for c in step_calls(t, 1)] == [("record_param_comms", 16), ("_c10d_functional::all_reduce", 8)]
+    assert not t.unread
+    assert t.skipped["c10d::allreduce_ (read from the record_param_comms inside it)"] == 1
+    assert t.skipped["c10d::allreduce_ (inside another communication record: the same call)"] == 1
+    assert t.skipped["record_param_comms (inside another communication record: the same call)"] == 1

@@ -109,11 +109,13 @@ def pair_gloo(ops: list[OpEvent], work: list[OpEvent]) -> None:
             op.dtype_hint = dtype_of(best.types[0]) if best.types else None
 
 
-def _outermost(events: list[OpEvent]) -> tuple[list[OpEvent], list[OpEvent]]:
-    """(calls, nested): per thread, a communication operator inside another one is part of it; a c10d operator
-    holding a ``record_param_comms`` is read from that record instead (it is returned as nested)."""
+def _outermost(events: list[OpEvent]) -> tuple[list[OpEvent], list[OpEvent], list[OpEvent]]:
+    """(calls, nested, holders): per thread, a communication operator inside another one is part of it, and so is a
+    ``record_param_comms`` inside another; a c10d operator holding a ``record_param_comms`` is read from that record
+    instead (it is returned as a holder)."""
     keep: list[OpEvent] = []
     nested: list[OpEvent] = []
+    replaced: set[int] = set()
     by_thread: dict[Any, list[OpEvent]] = defaultdict(list)
     for e in events:
         by_thread[e.thread].append(e)
@@ -123,19 +125,17 @@ def _outermost(events: list[OpEvent]) -> tuple[list[OpEvent], list[OpEvent]]:
         for e in evs:
             while open_ and e.ts >= open_[-1].ts + open_[-1].dur:
                 open_.pop()
-            outer = open_[-1] if open_ else None
-            if e.name == "record_param_comms":
-                # the record is the call: an enclosing c10d operator is not
-                if outer is not None and outer.name != "record_param_comms" and outer in keep:
-                    keep.remove(outer)
-                    nested.append(outer)
-                keep.append(e)
-            elif outer is None:
-                keep.append(e)
-            else:
+            if e.name != "record_param_comms":
+                (nested if open_ else keep).append(e)
+            elif any(o.name == "record_param_comms" for o in open_):
                 nested.append(e)
+            else:
+                # the record is the call: the c10d operator around it is not a second one
+                if open_ and id(open_[0]) not in replaced:  # the outermost was kept; the inner ones are nested already
+                    replaced.add(id(open_[0]))
+                keep.append(e)
             open_.append(e)
-    return keep, nested
+    return [e for e in keep if id(e) not in replaced], nested, [e for e in keep if id(e) in replaced]
 
 
 def read_kineto(path: str, data: dict[str, Any]) -> Trace:
@@ -179,12 +179,14 @@ def read_kineto(path: str, data: dict[str, Any]) -> Trace:
         else:
             comm.append(_op(e))
     trace.steps = sorted(trace.step_spans)
-    calls, nested = _outermost(comm)
+    calls, nested, holders = _outermost(comm)
     pair_gloo([c for c in calls if c.name.startswith("c10d::")], work)
     for w in work:
         trace.skipped[f"{w.name} (the backend's work item of a call)"] += 1
     for e in nested:
         trace.skipped[f"{e.name} (inside another communication record: the same call)"] += 1
+    for e in holders:
+        trace.skipped[f"{e.name} (read from the record_param_comms inside it)"] += 1
     add_calls(trace, sorted(calls, key=lambda e: e.ts), lambda ev: _step_of(trace, ev.ts) if trace.step_spans else -1)
     return trace
 
