@@ -13,9 +13,9 @@ from commbench.core.suite import SUITE_TABLES, suite_from_dict
 
 SUITE_DICT_KEYS = [
     "name", "collectives", "precisions", "min_bytes", "max_bytes", "factor", "payload", "check", "seed", "groups",
-    "timing", "training",
+    "root", "op", "timing", "training",
 ]  # fmt: skip
-"""The keys of metadata.json's ``suite`` since schema 1."""
+"""The keys of metadata.json's ``suite``: schema 1's, with ``root`` and ``op`` (nccl-tests' -r and -o, issue 33)."""
 
 
 @dataclass(frozen=True)
