@@ -90,6 +90,20 @@ def test_bad_traces_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert len(err) == 1 and words in err[0]
 
 
+def test_step_window(tmp_path: Path) -> None:
+    """--step A:B: the calls between A and B us after the first call, as one step, in time order."""
+    ev = [_x("c10d::_allgather_base_", t, 5, **{"Input Dims": [[2 * n], [n]], "Input type": ["float", "float"]})
+          for t, n in ((100, 4), (150, 8), (400, 16))]  # fmt: skip
+    t = read_trace(_write(tmp_path, _doc(ev)))
+    s = pick_step(t, "40:310")  # all_gather's size is its output: 2n elements
+    assert [(c.numel, c.order) for c in step_calls(t, s)] == [(16, 0), (32, 1)]
+    t = read_trace(_write(tmp_path, _doc(ev)))
+    assert [c.numel for c in step_calls(t, pick_step(t, "0:50"))] == [8, 16]
+    for bad in ("5:1", "a:b", "1000:2000"):
+        with pytest.raises(TraceError):
+            pick_step(read_trace(_write(tmp_path, _doc(ev))), bad)
+
+
 def test_trace_without_steps_needs_step_all(tmp_path: Path) -> None:
     ev = [_x("c10d::allreduce_", 10, 5, **{"Input Dims": [[[8]]], "Input type": ["TensorList"]}),
           {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 2, "ts": 11, "dur": 2,

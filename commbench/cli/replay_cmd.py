@@ -63,7 +63,8 @@ def add_replay_parser(sub: Any) -> None:
     r.add_argument(
         "--step",
         default="last",
-        help="step to replay: last (default), first, a ProfilerStep number, or all (a trace without steps)",
+        help="step to replay: last (default), first, a ProfilerStep number, all (a trace without steps: the whole "
+        "trace) or START:END (microseconds after the first call)",
     )
     r.add_argument("--out", type=Path, help="output folder (default: results/replay-<trace name>)")
     r.add_argument(
@@ -84,7 +85,11 @@ def add_replay_parser(sub: Any) -> None:
 def _read(args: argparse.Namespace) -> tuple[list[Trace], int]:
     try:
         traces = load_traces(list(args.traces))
-        return traces, pick_step(traces[0], str(args.step))
+        step = pick_step(traces[0], str(args.step))
+        if ":" in str(args.step):  # every rank's trace over its own window (each trace's clock starts at its first call)
+            for t in traces[1:]:
+                pick_step(t, str(args.step))
+        return traces, step
     except TraceError as e:
         raise CLIError(str(e)) from None
 

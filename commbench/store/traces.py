@@ -13,7 +13,7 @@ import gzip
 import json
 import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,15 +109,41 @@ def describe(counts: Counter[str]) -> str:
     return ", ".join(f"{n} x {k}" for k, n in counts.most_common())
 
 
+WINDOW = -2
+"""The step number of a window given as ``--step A:B``."""
+
+
+def window(trace: Trace, spec: str) -> int:
+    """``A:B``: the calls between A and B microseconds after the trace's first call (the timeline's times, as a
+    trace viewer shows them relative to its start) as one step, :data:`WINDOW`."""
+    if trace.format != "kineto":
+        raise TraceError(f"--step {spec}: a window needs a Kineto trace's times; this is an {trace.format}")
+    try:
+        a, b = (float(x) for x in spec.split(":"))
+    except ValueError:
+        raise TraceError(f"--step {spec!r}: a window is START:END in microseconds, e.g. 1500:9000") from None
+    if not trace.calls or b <= a:
+        raise TraceError(f"--step {spec}: an empty window")
+    t0 = min(c.ts_us for c in trace.calls)
+    inside = sorted((c for c in trace.calls if t0 + a <= c.ts_us <= t0 + b), key=lambda c: c.ts_us)
+    if not inside:
+        raise TraceError(f"--step {spec}: no communication call between {a:g} and {b:g} us")
+    trace.calls = [replace(c, step=WINDOW, order=i) for i, c in enumerate(inside)]
+    trace.steps = [WINDOW]
+    return WINDOW
+
+
 def pick_step(trace: Trace, step: str) -> int:
     """The step to replay: ``last`` (the default: the first steps carry warm-up work), ``first``, ``all`` (a trace
-    without ``ProfilerStep#N`` spans, as one step) or a step number."""
+    without ``ProfilerStep#N`` spans, as one step), a step number, or a window ``A:B`` (:func:`window`)."""
+    if ":" in step:
+        return window(trace, step)
     if not trace.steps:
         if step == "all":
             return -1
         raise TraceError(
             f"{trace.path}: no ProfilerStep#N spans (profile with a schedule and call prof.step() each step), "
-            "so the step cannot be told; give --step all to replay the whole trace as one step"
+            "so the step cannot be told; give --step all (the whole trace as one step) or --step START:END (us)"
         )
     with_calls = [s for s in trace.steps if any(c.step == s for c in trace.calls)]
     if step in ("last", "first"):
@@ -129,7 +155,7 @@ def pick_step(trace: Trace, step: str) -> int:
     try:
         n = int(step)
     except ValueError:
-        raise TraceError(f"--step {step!r}: valid: last, first, all or a step number ({trace.steps})") from None
+        raise TraceError(f"--step {step!r}: valid: last, first, all, a step number ({trace.steps}) or START:END in us") from None
     if n not in trace.steps:
         raise TraceError(f"--step {n}: the trace has steps {trace.steps}")
     return n
