@@ -25,6 +25,7 @@ stage. With ``vpp`` virtual stages each stage's layers are dealt to its ``vpp`` 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -165,22 +166,24 @@ def stage_split(m: ModelShape, p: Parallel, f: LayerFlops | None = None) -> tupl
     if p.pp == 1:
         return (m.layers,)
     f = f or layer_flops(m)
-    head = f.logits / f.layer  # the logits in layer units, on the last stage
-    # a heap of (load, stage): each layer to the least loaded stage; ties to the earlier stage
-    loads = [(0.0, i) for i in range(p.pp - 1)] + [(head, p.pp - 1)]
-    counts = [0] * p.pp
-    # deal the first layers in bulk, below the last stage's balanced share: O(pp log pp) for any layer count
-    base = max(min(m.layers // p.pp, int((m.layers + head) / p.pp - head)) - 1, 0)
-    for i in range(p.pp):
-        counts[i] = base
-    loads = [(load + base, i) for load, i in loads]
+    return _balanced(m.layers, p.pp, f.logits / f.layer)
+
+
+@functools.lru_cache(maxsize=4096)
+def _balanced(layers: int, pp: int, head: float) -> tuple[int, ...]:
+    """The balanced split of ``layers`` over ``pp`` stages, the logits (``head`` layers' worth) on the last: each
+    layer to the least loaded stage (a heap of (load, stage); ties to the earlier stage), the first ones in bulk
+    below the last stage's balanced share, so O(pp log pp) for any layer count."""
+    base = max(min(layers // pp, int((layers + head) / pp - head)) - 1, 0)
+    counts = [base] * pp
+    loads = [(float(base), i) for i in range(pp - 1)] + [(base + head, pp - 1)]
     heapq.heapify(loads)
-    for _ in range(m.layers - base * p.pp):
+    for _ in range(layers - base * pp):
         load, i = heapq.heappop(loads)
         counts[i] += 1
         heapq.heappush(loads, (load + 1.0, i))
     if min(counts) < 1:  # every stage holds a layer
-        return even_split(m.layers, p.pp)
+        return even_split(layers, pp)
     return tuple(counts)
 
 

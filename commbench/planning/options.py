@@ -18,6 +18,8 @@ objects. What they do not own is stated here, where it is decided:
 
 from __future__ import annotations
 
+import collections
+import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -170,19 +172,38 @@ class Shape:
         """FSDP units: with ``layers``, one per layer plus the root (embeddings, the rest of Psi); a layer has
         ``unit_numel`` parameters, else 12h^2 + 13h with ``hidden`` (Megatron's count), else Psi / layers. DDP's
         buckets are not listed here (:func:`bucket_counts` describes them in O(1))."""
-        if self.piece:
-            return Layout(bucket_numels=(int(self.psi),), units=(UnitShape(((int(self.psi),),), root=True),))
-        units: tuple[UnitShape, ...] = ()
-        if self.layers:
-            if self.unit_numel:
-                per: float = self.unit_numel
-            else:
-                per = 12 * self.hidden**2 + 13 * self.hidden if self.hidden else self.psi / self.layers
-            per = int(min(per, self.psi / self.layers))
-            root = int(self.psi) - per * self.layers
-            units = tuple(UnitShape(((per,),)) for _ in range(self.layers))
-            units += (UnitShape(((root,),), root=True),) if root > 0 else ()
-        return Layout(units=units)
+        return _layout(self.psi, self.piece, self.layers, self.unit_numel, self.hidden)
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(psi: float, piece: bool, layers: int | None, unit_numel: int | None, hidden: int | None) -> Layout:
+    """:meth:`Shape.layout`, built once per shape (a plan asks it many times; 9600 layers are 9600 units)."""
+    if piece:
+        return Layout(bucket_numels=(int(psi),), units=(UnitShape(((int(psi),),), root=True),))
+    units: tuple[UnitShape, ...] = ()
+    if layers:
+        if unit_numel:
+            per: float = unit_numel
+        else:
+            per = 12 * hidden**2 + 13 * hidden if hidden else psi / layers
+        per = int(min(per, psi / layers))
+        root = int(psi) - per * layers
+        one = UnitShape(((per,),))
+        units = (one,) * layers
+        units += (UnitShape(((root,),), root=True),) if root > 0 else ()
+    return Layout(units=units)
+
+
+def layout_bytes(policy: Policy, psi: float, n: int, layout: Layout) -> dict[str, float]:
+    """``policy.comm_bytes`` of a layout of many identical layer units in O(1): every byte formula is a sum over
+    units, so L units are the bytes of one unit (and the rest) plus L-1 times what a second unit adds."""
+    body = [u for u in layout.units if not u.root]
+    if len(body) <= 2 or any(u != body[0] for u in body):
+        return policy.comm_bytes(psi=psi, world_size=n, layout=layout)
+    roots = tuple(u for u in layout.units if u.root)
+    a = policy.comm_bytes(psi=psi, world_size=n, layout=Layout(units=(body[0], *roots)))
+    b = policy.comm_bytes(psi=psi, world_size=n, layout=Layout(units=(body[0], body[0], *roots)))
+    return {k: a.get(k, 0.0) + (len(body) - 1) * (b.get(k, 0.0) - a.get(k, 0.0)) for k in {**a, **b}}
 
 
 def bucket_counts(psi: float, elem_bytes: float = 4.0) -> tuple[tuple[int, int], ...]:
@@ -332,7 +353,7 @@ class PlanStrategy(ABC):
 
 def _sharded_units(policy: Policy, layout: Layout, n: int) -> bool:
     """The sharding communicates per FSDP unit (it has units), not per DDP bucket."""
-    return bool(policy.sharding.units(layout.units or (UnitShape(((1,),)),), max(n, 1)))
+    return bool(policy.sharding.units(layout.units[:1] or (UnitShape(((1,),)),), max(n, 1)))
 
 
 def _buckets(shape: Shape) -> tuple[tuple[int, int], ...]:
@@ -382,7 +403,7 @@ def step_bytes(policy: Policy, shape: Shape, n: int) -> tuple[dict[str, float], 
     formula is a sum over buckets), so any Psi answers in O(1). Per-unit calls that differ by op: :func:`unit_calls`."""
     layout = shape.layout()
     if _sharded_units(policy, layout, n):
-        return policy.comm_bytes(psi=shape.psi, world_size=n, layout=layout), max(len(layout.units), 1), {}
+        return layout_bytes(policy, shape.psi, n, layout), max(len(layout.units), 1), {}
     by_op: dict[str, float] = {}
     hook: dict[str, float] = {}
     calls = 0
@@ -473,12 +494,14 @@ class HybridStrategy(PlanStrategy):
 
     def groups(self, policy: Policy, shape: Shape) -> list[GroupBytes]:
         g, layout = shape.gpus_per_node, shape.layout()
-        intra = policy.comm_bytes(psi=shape.psi, world_size=g, layout=layout)
-        units = policy.sharding.units(layout.units or (UnitShape(((int(shape.psi),),)),), g)
+        intra = layout_bytes(policy, shape.psi, g, layout)
+        distinct = collections.Counter(layout.units or (UnitShape(((int(shape.psi),),)),))
         inter: dict[str, float] = {}
-        for u in units:  # each rank all-reduces its gradient shard with the ranks holding the same shard
-            key = f"all_reduce:{dtype_name(u.reduce_dtype_name)}"
-            inter = merge_bytes(inter, {key: bus_factor("all_reduce", shape.nodes) * u.shard_numel * u.reduce_dtype.itemsize})
+        for shape_u, count in distinct.items():  # each rank all-reduces its gradient shard with its replicas
+            for u in policy.sharding.units((shape_u,), g):
+                key = f"all_reduce:{dtype_name(u.reduce_dtype_name)}"
+                inter = merge_bytes(inter, {key: count * bus_factor("all_reduce", shape.nodes) * u.shard_numel
+                                            * u.reduce_dtype.itemsize})  # fmt: skip
         calls = max(len(layout.units), 1)
         return [GroupBytes("intra", g, intra, calls, calls_by_op=unit_calls(policy, shape, g, intra)),
                 GroupBytes("inter", shape.nodes, inter, calls)]  # fmt: skip

@@ -40,6 +40,7 @@ context).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,7 +151,7 @@ def dp_exposure(total: float, last_bucket: float, backward: float, overlap: floa
 def _stage_params(m: ModelShape, split: tuple[int, ...], i: int) -> float:
     """Parameters held by stage ``i`` (before TP): its layers, the embedding on the first, the output layer (or its
     tied copy) and the final norm on the last."""
-    out = split[i] * m.layer_params
+    out = split[i] * _layer_params(m)
     if i == 0:
         out += m.embedding_params
     if i == len(split) - 1:
@@ -158,6 +159,17 @@ def _stage_params(m: ModelShape, split: tuple[int, ...], i: int) -> float:
         if not m.tied_embeddings or len(split) > 1:
             out += m.embedding_params
     return float(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_params(m: ModelShape) -> int:
+    return m.layer_params
+
+
+@functools.lru_cache(maxsize=4096)
+def _largest_stage(m: ModelShape, split: tuple[int, ...]) -> float:
+    """Parameters of the stage holding the most (before TP)."""
+    return max(_stage_params(m, split, i) for i in range(len(split)))
 
 
 def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
@@ -303,8 +315,8 @@ def _dp_calls(
     gb = prec.grad_bytes
     wire_p = "float" if pb >= 4 else "bfloat16"
     wire_g = "float" if gb >= 4 else "bfloat16"
-    stage_psi = max(_stage_params(m, split, i) for i in range(len(split))) / p.tp
-    layer = m.layer_params / p.tp
+    stage_psi = _largest_stage(m, split) / p.tp
+    layer = _layer_params(m) / p.tp
     layers = max(split)
     bwd_passes = 2.0 + (0.0 if p.recompute.keeps_layer else 1.0)
     mbs = p.microbatches
@@ -383,7 +395,7 @@ def _layer_traffic(s: Setup, p: Parallel) -> float:
 
 def _optimizer_s(s: Setup, p: Parallel, m: ModelShape, split: tuple[int, ...], k: int) -> float:
     """The optimizer step at the HBM bandwidth (module docstring); the interval at 100 %, 80 %, 50 % of it."""
-    psi = max(_stage_params(m, split, i) for i in range(len(split))) / p.tp
+    psi = _largest_stage(m, split) / p.tp
     if s.strategy.dp.shards_optimizer:
         psi /= p.dp * p.cp
     prec, opt = s.precision, s.optimizer
@@ -405,7 +417,7 @@ def _memory(s: Setup, p: Parallel, split: tuple[int, ...]) -> dict[str, float]:
     per_layer = rec.layer_bytes(seq, p.micro_batch, m.hidden, m.ffn, m.heads, p.tp, p.sp and p.tp > 1, att)
     per_layer *= prec.activation_bytes / 2.0
     inter = interleave_memory_factor(pp, p.vpp)
-    layer = m.layer_params / p.tp
+    layer = _layer_params(m) / p.tp
     if sched.param_gather == "per_micro_batch":  # two units in flight (one computing, one prefetched) + a reduce
         unit = min(layer, sched.gather_elements or layer)
         buffers = 2 * unit * prec.param_bytes + unit * prec.grad_bytes
