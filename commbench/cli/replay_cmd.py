@@ -321,6 +321,8 @@ def write_outputs(
                 f"#   {s['precision']:<10} projected step {s['projected_step_us']:.1f} us "
                 f"[{s['projected_step_ci_low_us']:.1f}, {s['projected_step_ci_high_us']:.1f}] (exposed part / speed-up)"
             )
+    for p in result.same_as_trace:
+        notes.append(f"{p} is the dtype of every call of the trace: its step is the trace's own")
     for why, n in result.not_replayed.items():
         print(f"# not replayed: {n} x {why}")
     _print_counts(traces[0])

@@ -120,6 +120,8 @@ class Replay:
     """One per (call size, precision): the CollectivePoint's fields plus ``calls_per_step``, ``trace_dtype``,
     ``speedup`` and its interval against the trace's precision."""
     steps: list[StepResult] = field(default_factory=list)
+    same_as_trace: list[str] = field(default_factory=list)
+    """Precisions that are every replayed call's own: their step is the trace's, not measured twice."""
     not_replayed: dict[str, int] = field(default_factory=dict)
     """"what: why" -> calls per step that did not run."""
 
@@ -175,6 +177,8 @@ def replay(d: Dist, suite: SuiteConfig, calls: Sequence[ReplayCall], precisions:
         recs, rows = _measure_size(sweep, coll, numel, dtype, kind, count, names)
         out.records.extend(recs)
         out.rows.extend(rows)
+    out.same_as_trace = [p for p in precisions if p != TRACE and run and all(own_precision(c.dtype) == p for c in run)]
+    names = [p for p in names if p not in out.same_as_trace]
     if run:
         out.steps = _measure_step(sweep, run, names)
         step_errors(out)
@@ -246,7 +250,7 @@ def _measure_step(sweep: Sweep, calls: Sequence[ReplayCall], names: Sequence[str
                     if layout is None or not prec.supports(coll, d.backend):
                         raise Unsupported(f"{prec.name} cannot run {coll.name} of {c.numel} elements here")
                     op = prec.make_op(coll, layout, sg.pg, d.device)
-                    load_inputs([(prec, op)], payload_source(suite, layout, c.numel * 4), GroupView(d, sg).rank,
+                    load_inputs([(prec, op)], payload_source(suite, layout, c.numel * 4, d.device), GroupView(d, sg).rank,
                                 layout.input_numel, d.device)  # fmt: skip
                     ops[key] = op
                 op = ops[key]
