@@ -1,7 +1,8 @@
 """commbench: communication-precision benchmarking for distributed PyTorch.
 
 Public API (documented in docs/api.md): load a run directory into pandas (:func:`load`, :func:`load_metadata`,
-:func:`load_training`, :func:`load_training_steps`, :func:`load_crossover`), the size helpers, capacity planning
+:func:`load_training`, :func:`load_training_steps`, :func:`load_crossover`), the views as tables and figures
+(:func:`compare` runs, :func:`check` a run against bars, the report's :func:`figures`), the size helpers, capacity planning
 (:func:`fit` a cost model, :func:`plan` a training configuration), and what an extension needs: the base classes and
 registration functions of collectives, precisions, codecs and training policies, the report's figure registry, the
 generic :class:`Registry` and the plugin loader (:func:`load_plugins`).
@@ -30,6 +31,7 @@ if _TYPE_CHECKING:
         load_training_steps,
     )
     from commbench.training.policies import Policy, register_policy
+    from commbench.views.api import check, compare, figures
     from commbench.views.plots import FIGURES
 
 # Lazy (name -> module, attribute): the loaders pull in pandas, `fit`/`plan` numpy and the strategy formulas, the
@@ -50,6 +52,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Policy": ("commbench.training.policies", "Policy"),
     "register_policy": ("commbench.training.policies", "register_policy"),
     "FIGURES": ("commbench.views.plots", "FIGURES"),
+    **{n: ("commbench.views.api", n) for n in ("check", "compare", "figures")},
 }
 
 
@@ -71,6 +74,9 @@ __all__ = [
     "Registry",
     "RunDirError",
     "__version__",
+    "check",
+    "compare",
+    "figures",
     "fit",
     "format_size",
     "load",

@@ -193,14 +193,17 @@ def test_ratio_frame_judges_many_ratios_together() -> None:
     assert rf["verdict"].iloc[17] == "B slower" and int(rf["n_compared"].iloc[0]) == 40
 
 
-def test_ratio_frame_without_intervals_gives_no_verdict() -> None:
+def test_ratio_frame_without_intervals_gives_a_threshold_verdict() -> None:
     from commbench.views.compare import ratio_frame
 
-    al = _aligned([100.0], [150.0], 0.02)
+    al = _aligned([100.0, 100.0], [150.0, 103.0], 0.02)
     al["time_ci_low_us|A"] = math.nan
     rf = ratio_frame(al, ["A", "B"])
-    assert rf["significant"].iloc[0] is None and rf["verdict"].iloc[0] == "no interval"
-    assert rf["time_ratio"].iloc[0] == pytest.approx(1.5)
+    # no significance without an interval, but a verdict against the 5 % threshold, labelled as one
+    assert rf["significant"].isna().all() and set(rf["basis"]) == {"threshold"}
+    assert rf["verdict"].tolist() == ["B slower (threshold 5%, point estimates)", "within threshold (±5%, point estimates)"]
+    assert rf["time_ratio"].tolist() == pytest.approx([1.5, 1.03])
+    assert ratio_frame(al, ["A", "B"], threshold=0.6)["verdict"].iloc[0] == "within threshold (±60%, point estimates)"
 
 
 # --- issue 26 item 6: busbw ratio and placements ---------------------------------------------------------------

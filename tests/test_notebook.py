@@ -39,6 +39,9 @@ def test_notebook_runs_on_a_real_run(real_run_dir: Path, monkeypatch: pytest.Mon
     # the notebook read the same run: its point count and the four collective figures
     assert f"{len(csv)} points; {csv['collective'].nunique()} collectives" in text
     assert "figures drawn: ['busbw', 'effective_bw', 'latency', 'error']" in text
+    # compare and check through the public API: the run against itself (A/A) differs nowhere, and passes the gate
+    assert f"verdicts: {{'no significant difference': {len(csv)}}}" in text
+    assert f"check: 0 of {len(csv)} points fail the 10 % slowdown bar" in text
     images = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 4  # each key plot shown once
     for img in images:
@@ -48,3 +51,25 @@ def test_notebook_runs_on_a_real_run(real_run_dir: Path, monkeypatch: pytest.Mon
     peak = csv.pivot_table(index="collective", columns="precision", values="busbw_gbps", aggfunc="max")
     for v in peak.to_numpy().ravel():
         assert f"{v:.6f}" in html
+
+
+def test_notebook_imports_only_the_public_package() -> None:
+    # every import of the notebook's code cells: commbench itself, never a commbench.* module (internal, may move)
+    import ast
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    names: list[str] = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        code = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))  # IPython magics
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names.append(node.module or "")
+    ours = [n for n in names if n == "commbench" or n.startswith("commbench.")]
+    assert ours == ["commbench"], names
+    text = NOTEBOOK.read_text()
+    for used in ("commbench.figures(", "commbench.compare(", "commbench.check("):
+        assert used in text

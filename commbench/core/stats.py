@@ -146,9 +146,8 @@ def invert(e: Estimate) -> Estimate:
 def significant(ratio: Estimate, min_effect: float = 0.0) -> bool:
     """A ratio is significant when its interval excludes 1 and, with ``min_effect`` > 0, also excludes
     [1 / (1 + min_effect), 1 + min_effect] (a practical threshold for run-to-run noise)."""
-    if not (math.isfinite(ratio.low) and math.isfinite(ratio.high)):
-        return False
-    return ratio.low > 1.0 + min_effect or ratio.high < 1.0 / (1.0 + min_effect)
+    j = judge(ratio, min_effect)
+    return j.basis == "interval" and j.direction != 0
 
 
 def geometric_mean_ci(ratios: Sequence[Estimate]) -> Estimate:
@@ -197,3 +196,37 @@ def adjust_many(log_ratios: Sequence[float], ses: Sequence[float], q: float = 0.
     chosen = {i for _, i in tested[:r]}
     z = _NORMAL.inv_cdf(1.0 - max(r, 1) * q / (2.0 * m)) if m else Z95
     return Adjusted(tuple(i in chosen for i in range(len(ps))), tuple(ps), z, m)
+
+
+DEFAULT_THRESHOLD = 0.05
+"""``compare --threshold``'s default: the relative difference from which two point estimates (runs without
+samples: nccl-tests text logs) are called different. nccl-tests reports one averaged measurement per point; run
+to run it moves by a few percent on a quiet cluster, so 5 % leaves noise out and a real regression in."""
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """What a ratio (run B over baseline A, a time) says against a threshold."""
+
+    direction: int
+    """+1: B is slower (the ratio lies above ``1 + threshold``), -1: faster (below ``1 / (1 + threshold)``), 0:
+    neither (no difference beyond the threshold, or nothing to judge)."""
+    basis: str
+    """``interval`` (the ratio's confidence interval lies beyond the threshold), ``threshold`` (a point estimate
+    without an interval: its value does), or ``none`` (no finite ratio)."""
+
+
+def judge(ratio: Estimate, threshold: float = 0.0) -> Judgement:
+    """The one decision ``compare`` and ``check`` share about a time ratio: with an interval (both runs had
+    samples), B differs when the whole interval lies beyond ``[1 / (1 + threshold), 1 + threshold]``; without one
+    (point estimates), when the value does. ``check --max-slowdown X`` fails exactly the points this calls slower
+    at ``threshold = X``; ``compare`` calls them slower at its own threshold (``--min-effect`` with intervals,
+    ``--threshold`` without)."""
+    hi_bar, lo_bar = 1.0 + threshold, 1.0 / (1.0 + threshold)
+    if math.isfinite(ratio.low) and math.isfinite(ratio.high) and ratio.low > 0:
+        d = 1 if ratio.low > hi_bar else (-1 if ratio.high < lo_bar else 0)
+        return Judgement(d, "interval")
+    if math.isfinite(ratio.value) and ratio.value > 0:
+        d = 1 if ratio.value > hi_bar else (-1 if ratio.value < lo_bar else 0)
+        return Judgement(d, "threshold")
+    return Judgement(0, "none")

@@ -1,12 +1,12 @@
-"""Comparing runs: align points, ratio tables, overlay plots, fairness warnings, HTML + Markdown.
+"""Comparing runs: ratio tables judged together, fairness warnings, HTML + Markdown.
 
-This module owns `compare_runs` (the `python -m commbench compare` view) and `compare_warnings`.
-Points are aligned by (collective, precision, group, size_bytes) on each run's primary payload (normal
-first) and, when every run has them (nccl-tests imports), by placement: out-of-place and in-place are
-compared separately. When only some runs have placements, theirs enter as the median of the two, and a
-warning says so; repeated points in one run (``-N`` cycles) enter as their median. The first run is the
-baseline A; every other run B gets B/A ratios of time and of busbw, each the ratio of the runs' own numbers
-(their bus factors may differ: different world sizes). It reads run directories only.
+This module owns `compare_runs` (the `python -m commbench compare` view), `ratio_frame` (the verdict per point,
+which `check --max-slowdown` reads too) and `compare_warnings`. Points are aligned by
+:mod:`commbench.views.compare_align` (which also finds an import's intervals: per-iteration times, -N cycles) and
+drawn by :mod:`commbench.views.compare_figures`. The first run is the baseline A; every other run B gets B/A
+ratios of time and of busbw, each the ratio of the runs' own numbers (their bus factors may differ: different world
+sizes). Points with intervals get a significance verdict; point estimates a threshold verdict, labelled as such.
+It reads run directories only.
 """
 
 from __future__ import annotations
@@ -14,29 +14,25 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from commbench.core import plugins, stats
 from commbench.store.results import atomic_write_text
-from commbench.views.plots import FigureRegistry, grid, log2_size_axis, log_y_axis, no_math
+from commbench.views.compare_align import NO_PLACEMENT, PLACEMENT, aligned, has_placement
+from commbench.views.compare_figures import COMPARE_FIGURES, Comparison
 from commbench.views.render import render_html, render_markdown
 from commbench.views.rundata import (
     COLLECTIVE_ORDER,
     FP32_PRECISION,
     IMPORT_LAUNCHER,
-    WORLD_GROUP,
     RunData,
     human_size,
     load_run,
     order,
-    speed_rows,
 )
 from commbench.views.tables import Table, fmt
 
@@ -50,15 +46,6 @@ __all__ = [
     "ratio_table",
     "resolve_labels",
 ]
-
-ALIGN_KEYS = ["collective", "precision", "group", "size_bytes"]
-"""A point is the same point in two runs when these agree (group: world, intra, inter; "world" for runs
-written before groups existed); and the placement, when every run has one (`PLACEMENT`)."""
-PLACEMENT = "placement"
-NO_PLACEMENT = "-"
-"""The placement of a point from a run without placements (commbench's own runs), or of the median of an
-import's out-of-place and in-place rows when it is compared with such a run."""
-LINESTYLES = ["-", "--", ":", "-."]
 
 # metadata fields that make a comparison unfair when they differ, with why (shown to the user).
 FAIRNESS: list[tuple[str, str]] = [
@@ -123,7 +110,7 @@ def compare_warnings(runs: Sequence[RunData | Path | str], labels: list[str] | N
             f"{', '.join(imported)} imported from nccl-tests: times are nccl-tests' (GPU kernels, no "
             "encode/decode), compared with commbench's own timing protocol."
         )
-    placed = [lab for lab, r in zip(labels, runs, strict=True) if _has_placement(r)]
+    placed = [lab for lab, r in zip(labels, runs, strict=True) if has_placement(r)]
     if placed and len(placed) < len(runs):
         out.append(
             f"{', '.join(placed)} report out-of-place and in-place separately and the other run(s) do not: "
@@ -133,47 +120,6 @@ def compare_warnings(runs: Sequence[RunData | Path | str], labels: list[str] | N
     if al.empty:
         out.append("the runs have no (collective, precision, size) point in common: nothing to compare.")
     return out
-
-
-def _has_placement(run: RunData) -> bool:
-    return PLACEMENT in run.results.columns and bool(run.results[PLACEMENT].notna().any())
-
-
-def _points(run: RunData, by_placement: bool) -> pd.DataFrame:
-    df = run.results
-    keys = [*ALIGN_KEYS, PLACEMENT]
-    if df.empty:
-        return pd.DataFrame(columns=[*keys, "busbw_gbps", "time_us", "effective_gbps"])
-    df = speed_rows(df)
-    df = df.assign(group=df["group"].fillna(WORLD_GROUP) if "group" in df.columns else WORLD_GROUP)
-    if by_placement:
-        df = df.assign(placement=df[PLACEMENT].fillna(NO_PLACEMENT).astype(str))
-    else:  # the median over placements, as the docstring says
-        df = df.assign(placement=NO_PLACEMENT)
-    vals = [
-        c
-        for c in ("busbw_gbps", "time_us", "time_ci_low_us", "time_ci_high_us", "algbw_gbps", "effective_gbps")
-        if c in df.columns
-    ]
-    d = df[keys + vals].copy()
-    for c in vals:
-        d[c] = pd.to_numeric(d[c], errors="coerce")
-    return d.groupby(keys, as_index=False)[vals].median()
-
-
-def aligned(runs: list[RunData], labels: list[str]) -> pd.DataFrame:
-    """Inner join of every run's points on (collective, precision, group, size_bytes, placement); columns
-    `<metric>|<label>` per run. The placement is the rows' own when every run has placements, else "-" (the
-    median over an import's placements)."""
-    merged: pd.DataFrame | None = None
-    by_placement = bool(runs) and all(_has_placement(r) for r in runs)
-    for run, lab in zip(runs, labels, strict=True):
-        p = _points(run, by_placement).set_index([*ALIGN_KEYS, PLACEMENT])
-        p.columns = [f"{c}|{lab}" for c in p.columns]
-        merged = p if merged is None else merged.join(p, how="inner")
-    if merged is None or merged.empty:
-        return pd.DataFrame()
-    return merged.reset_index()
 
 
 def ratio_table(al: pd.DataFrame, labels: list[str]) -> Table:
@@ -241,14 +187,20 @@ def _estimate(r: Any, lab: str) -> stats.Estimate:
     return stats.Estimate(t, lo, hi, 0)
 
 
-def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) -> pd.DataFrame:
+def ratio_frame(
+    al: pd.DataFrame, labels: list[str], min_effect: float = 0.0, threshold: float = stats.DEFAULT_THRESHOLD
+) -> pd.DataFrame:
     """One row per aligned point and run B: time B/A with its interval and whether it is significant.
 
     Each run's interval of the point's time is combined in log space (`stats.ratio_of`). The ratios of one run B
     are then judged together (`stats.adjust_many`: Benjamini-Hochberg at a 5 % false discovery rate, with
     false-coverage-rate intervals), so that a hundred points of two identical runs do not yield five "differences"
     by chance. A ratio is significant when its adjusted interval excludes 1 (and
-    ``[1/(1+min_effect), 1+min_effect]``). Points without intervals (nccl-tests imports) get a ratio but no verdict.
+    ``[1/(1+min_effect), 1+min_effect]``). A point without an interval in either run (an nccl-tests text log: one
+    averaged measurement per point) gets a **threshold verdict** instead: B slower when the ratio is above
+    ``1 + threshold``, faster below ``1 / (1 + threshold)``, labelled as threshold-based (``basis``); it claims no
+    significance (``significant`` None). Both verdicts come from :func:`commbench.core.stats.judge`, which
+    ``check --max-slowdown`` asks too, so the two commands agree on the same pair.
 
     A random-effects widening (DerSimonian-Laird over the sizes of a collective x precision) was tried and dropped:
     a real difference that varies with size (a busy core slows large messages more) reads as heterogeneity and
@@ -273,16 +225,13 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
             bus = _ratio(r.get(f"busbw_gbps|{b}"), r.get(f"busbw_gbps|{a}"))
             if math.isfinite(se_):
                 est = stats.Estimate(math.exp(lr), math.exp(lr - adj.z * se_), math.exp(lr + adj.z * se_), 0)
-                sig: bool | None = chosen and stats.significant(est, min_effect)
-                lo, hi = est.low, est.high
+                j = stats.judge(est, min_effect)
+                sig: bool | None = chosen and j.direction != 0
+                lo, hi, bar = est.low, est.high, min_effect
             else:
-                sig, lo, hi = None, math.nan, math.nan
-            if sig is None:
-                verdict = "no interval"
-            elif not sig:
-                verdict = "no significant difference"
-            else:
-                verdict = f"{b} faster" if hi < 1 else f"{b} slower"
+                j = stats.judge(stats.Estimate(ratio, math.nan, math.nan, 0), threshold)
+                sig, lo, hi, bar = None, math.nan, math.nan, threshold
+            verdict = _verdict(b, j, bool(sig) if sig is not None else None, bar)
             rows.append(
                 {
                     "collective": coll, "precision": prec, "group": grp,
@@ -290,7 +239,7 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
                     "baseline": a, "run": b, "time_us_baseline": ta, "time_us_run": tb,
                     "time_ratio": ratio, "time_ratio_ci_low": lo, "time_ratio_ci_high": hi,
                     "busbw_ratio": bus, "p_value": pv, "n_compared": adj.m,
-                    "significant": sig, "verdict": verdict,
+                    "significant": sig, "verdict": verdict, "basis": j.basis, "threshold": bar,
                 }
             )  # fmt: skip
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
@@ -299,13 +248,29 @@ def ratio_frame(al: pd.DataFrame, labels: list[str], min_effect: float = 0.0) ->
 COMPARE_COLUMNS = [
     "collective", "precision", "group", "placement", "size_bytes", "baseline", "run", "time_us_baseline", "time_us_run",
     "time_ratio", "time_ratio_ci_low", "time_ratio_ci_high", "busbw_ratio", "p_value", "n_compared", "significant",
-    "verdict",
+    "verdict", "basis", "threshold",
 ]  # fmt: skip
 """Columns of compare.csv: time_ratio = run / baseline (< 1: the run is faster) with its interval, adjusted for
 the ``n_compared`` ratios judged together (false-coverage-rate interval after Benjamini-Hochberg at 5 %); p_value
 is the ratio's own two-sided p-value before adjustment. busbw_ratio = the run's busbw / the baseline's, each as its
 run computed it (not 1/time_ratio: two world sizes have two bus factors). placement: out-of-place or in-place when
-every run reports both (compared separately), "-" otherwise (an import's two as their median)."""
+every run reports both (compared separately), "-" otherwise (an import's two as their median). basis: "interval"
+(significance from both runs' intervals) or "threshold" (point estimates: the ratio against ``threshold``, no
+significance claimed; ``significant`` empty), "none" without a ratio; threshold: the relative difference the verdict
+needed (``--min-effect`` for intervals, ``--threshold`` for point estimates)."""
+
+
+def _verdict(b: str, j: stats.Judgement, sig: bool | None, bar: float) -> str:
+    """The words of a verdict; a threshold verdict says so, with its threshold."""
+    if j.basis == "none":
+        return "no ratio"
+    if j.basis == "threshold":
+        if j.direction == 0:
+            return f"within threshold (±{bar:.0%}, point estimates)"
+        return f"{b} {'slower' if j.direction > 0 else 'faster'} (threshold {bar:.0%}, point estimates)"
+    if not sig:
+        return "no significant difference"
+    return f"{b} {'slower' if j.direction > 0 else 'faster'}"
 
 
 def significance_table(rf: pd.DataFrame) -> Table:
@@ -332,8 +297,11 @@ def significance_table(rf: pd.DataFrame) -> Table:
     )
 
 
-def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None = None) -> Table:
-    """Geometric-mean ratios per collective x precision (the right mean for ratios)."""
+def summary_table(
+    al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None = None, threshold: float = stats.DEFAULT_THRESHOLD
+) -> Table:
+    """Geometric-mean ratios per collective x precision (the right mean for ratios); a series of point estimates
+    (no intervals) gets the threshold verdict of its geometric mean (:func:`commbench.core.stats.judge`)."""
     a = labels[0]
     placed = _shows_placement(al)
     cols = ["collective", "precision", "group", *(["placement"] if placed else []), "points"]
@@ -352,7 +320,8 @@ def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None =
             for b in labels[1:]:
                 bus = g[f"busbw_gbps|{b}"] / g[f"busbw_gbps|{a}"]
                 tim = g[f"time_us|{b}"] / g[f"time_us|{a}"]
-                ci, verdict = "n/a", "no interval"
+                ci = "n/a"
+                verdict = _verdict(b, stats.judge(stats.Estimate(_gmean(tim), math.nan, math.nan, 0), threshold), None, threshold)
                 if rf is not None and len(rf):
                     fam = rf[(rf["collective"] == coll) & (rf["precision"] == prec) & (rf["group"] == grp)
                              & (rf[PLACEMENT].astype(str) == str(pl)) & (rf["run"] == b)]  # fmt: skip
@@ -362,11 +331,7 @@ def summary_table(al: pd.DataFrame, labels: list[str], rf: pd.DataFrame | None =
                     )  # fmt: skip
                     if gm.n:
                         ci = f"{fmt(gm.low)}–{fmt(gm.high)}"
-                        verdict = (
-                            (f"{b} faster" if gm.high < 1 else f"{b} slower")
-                            if stats.significant(gm)
-                            else "no significant difference"
-                        )
+                        verdict = _verdict(b, stats.judge(gm), stats.significant(gm), 0.0)
                 row += [fmt(_gmean(bus)), fmt(_gmean(tim)), ci, verdict, fmt(float(bus.iloc[-1]))]
             rows.append(row)
     return Table("ratio-summary", f"Summary: ratios against {a}", cols, rows)
@@ -379,77 +344,9 @@ def runs_table(runs: list[RunData], labels: list[str]) -> Table:
     return Table("runs", "Runs compared", ["label", "run directory", *keys], rows)
 
 
-def _overlay(al: pd.DataFrame, labels: list[str], metric: str, ylabel: str, what: str, logy: bool) -> Figure:
-    colls = order(al["collective"].unique(), COLLECTIVE_ORDER)
-    fig, axes = grid(len(colls))
-    precs = order(al["precision"].unique(), (FP32_PRECISION,))
-    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    colour = {p: ("black" if p == FP32_PRECISION else cycle[i % len(cycle)]) for i, p in enumerate(precs)}
-    for ax, coll in zip(axes, colls, strict=True):
-        g = al[al["collective"] == coll]
-        placements = sorted(g[PLACEMENT].astype(str).unique()) if PLACEMENT in g.columns else [NO_PLACEMENT]
-        for prec in precs:
-            for k, pl in enumerate(placements):
-                gp = g[(g["precision"] == prec) & (g[PLACEMENT].astype(str) == pl if PLACEMENT in g.columns else True)]
-                gp = gp.sort_values("size_bytes")
-                if gp.empty:
-                    continue
-                name = prec if pl == NO_PLACEMENT else f"{prec} {pl}"
-                for i, lab in enumerate(labels):
-                    ax.plot(
-                        gp["size_bytes"],
-                        gp[f"{metric}|{lab}"],
-                        linestyle=LINESTYLES[i % len(LINESTYLES)],
-                        marker="os^v"[k % 4],
-                        markersize=3,
-                        color=colour[prec],
-                        label=no_math(f"{name} [{lab}]"),
-                    )
-        log2_size_axis(ax, g["size_bytes"])
-        if logy:
-            log_y_axis(ax)
-        ax.set_title(coll)
-        ax.set_xlabel("message size (bytes on the wire)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{what}: {' vs '.join(labels)} (line style = run)", fontsize=11, parse_math=False)
-    fig.tight_layout()
-    return fig
-
-
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    """What compare's figures draw: the aligned points and the run labels, baseline first."""
-
-    aligned: pd.DataFrame
-    """`aligned()` of the runs: one row per common point, `<metric>|<label>` columns."""
-    labels: list[str]
-    """One label per run; the first is the baseline A."""
-
-
-COMPARE_FIGURES: FigureRegistry[Comparison] = FigureRegistry()
-"""compare's figures (overlays of the aligned runs), in the document's order."""
-
-
-@COMPARE_FIGURES.register(
-    "compare_busbw", "Bus bandwidth of the aligned points, one colour per precision, one line style per run."
-)
-def fig_compare_busbw(c: Comparison) -> Figure | None:
-    if c.aligned.empty:
-        return None
-    return _overlay(c.aligned, c.labels, "busbw_gbps", "bus bandwidth (GB/s)", "Bus bandwidth", False)
-
-
-@COMPARE_FIGURES.register("compare_latency", "Time per op of the aligned points (log-log).")
-def fig_compare_latency(c: Comparison) -> Figure | None:
-    if c.aligned.empty:
-        return None
-    return _overlay(c.aligned, c.labels, "time_us", "time per op (us)", "Latency", True)
-
-
 def compare_runs(
-    run_dirs: list[Path], labels: list[str] | None, out_dir: Path, min_effect: float = 0.0
+    run_dirs: list[Path], labels: list[str] | None, out_dir: Path, min_effect: float = 0.0,
+    threshold: float = stats.DEFAULT_THRESHOLD,
 ) -> dict[str, Path]:
     """Write compare.html, compare.md and plots/compare_*.png|svg into out_dir.
 
@@ -467,11 +364,11 @@ def compare_runs(
     # no plots/ folder when nothing aligns: the documents say so, and there is nothing to draw.
     written = COMPARE_FIGURES.write(Comparison(al, labs), out / "plots") if not al.empty else {}
     figures = [(n, COMPARE_FIGURES[n].caption, p["png"], p.get("svg")) for n, p in written.items()]
-    rf = ratio_frame(al, labs, min_effect)
+    rf = ratio_frame(al, labs, min_effect, threshold)
     atomic_write_text(out / "compare.csv", rf.to_csv(index=False))
     sections = [
         ("runs", "Runs", [runs_table(runs, labs)]),
-        ("summary", "Summary", [summary_table(al, labs, rf)]),
+        ("summary", "Summary", [summary_table(al, labs, rf, threshold)]),
         ("significance", "Ratios and significance", [significance_table(rf)]),
         ("full", "Aligned points", [ratio_table(al, labs)]),
     ]
@@ -502,9 +399,20 @@ def console_lines(compare_csv: Path, width: int | None = None) -> list[str]:
             f"{human_size(float(r.size_bytes)):>8} {str(r.run)[:12]:<12} {r.time_ratio:>8.3f} {ci:>11} "
             f"{r.busbw_ratio:>9.3f}  {r.verdict}"
         )
+    basis = rf["basis"].astype(str) if "basis" in rf.columns else pd.Series("interval", index=rf.index)
     sig = rf["significant"].map(lambda v: v is True or str(v) == "True")
-    out.append(
-        f"# {int(sig.sum())} of {len(rf)} ratios significant (interval excludes 1, adjusted for the {len(rf)} "
-        "compared: Benjamini-Hochberg, 5 % false discovery rate)"
-    )
+    judged = int((basis == "interval").sum())
+    if judged:
+        out.append(
+            f"# {int(sig.sum())} of {judged} ratios with intervals significant (interval excludes 1, adjusted for the "
+            f"{judged} compared: Benjamini-Hochberg, 5 % false discovery rate)"
+        )
+    point = rf[basis == "threshold"]
+    if len(point):
+        bar = float(point["threshold"].iloc[0]) if "threshold" in point.columns else stats.DEFAULT_THRESHOLD
+        beyond = int(point["verdict"].astype(str).str.contains("slower|faster").sum())
+        out.append(
+            f"# {beyond} of {len(point)} point estimates differ by more than the threshold (±{bar:.0%}, --threshold): "
+            "threshold verdicts, not significance (no samples per point: nccl-tests' one averaged measurement)"
+        )
     return out

@@ -5,7 +5,9 @@ A point fails a bar only when it is **significantly** below it, judged with the 
 entirely below the bar (its upper end is below it; a point without an interval, an nccl-tests import, is judged
 on its value and says so); ``--max-slowdown`` fails a point whose time over the baseline's, with the interval
 ``compare`` gives it (both runs' intervals combined, adjusted for the many ratios judged together), lies entirely
-above ``1 + slowdown``. The bandwidth bars apply to the largest size of each (collective, precision, group)
+above ``1 + slowdown``, or, for two runs without intervals (nccl-tests text logs), whose ratio does: the decision
+``compare`` makes (:func:`commbench.core.stats.judge`), so ``compare --threshold X`` calls slower exactly the points
+``check --max-slowdown X`` fails. The bandwidth bars apply to the largest size of each (collective, precision, group)
 series unless ``--from-size`` widens them (busbw at small sizes measures latency, not the link); the slowdown bar
 applies to every aligned point of at least ``--from-size``.
 
@@ -26,28 +28,29 @@ from typing import Any
 
 import pandas as pd
 
+from commbench.core import stats
 from commbench.core.records import link_phrase
 from commbench.core.units import human_bytes
 from commbench.measure.stragglers import describe, stragglers
 from commbench.store.results import load_table
 from commbench.views.rundata import WORLD_GROUP, RunData, load_run, numeric, speed_rows
 
-__all__ = ["SPIKE_RATIO", "Bars", "GateResult", "check_run", "link_lines", "node_view", "parse_slowdown"]
+__all__ = ["CHECK_COLUMNS", "SPIKE_RATIO", "Bars", "GateResult", "check_run", "link_lines", "node_view", "parse_slowdown"]
 
 SPIKE_RATIO = 1.5
 """A rank's median time at a point this many times the median of the other ranks' is a spike."""
 SERIES = ["collective", "precision", "group"]
 
 
-def parse_slowdown(text: str) -> float:
-    """``10%`` or ``0.1`` -> 0.1; ValueError (one line) otherwise."""
+def parse_slowdown(text: str, flag: str = "--max-slowdown") -> float:
+    """``10%`` or ``0.1`` -> 0.1 (``flag`` names the option in the one-line ValueError otherwise)."""
     t = text.strip()
     try:
         v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
-        raise ValueError(f"--max-slowdown must look like 10% or 0.1, got {text!r}") from None
+        raise ValueError(f"{flag} must look like 10% or 0.1, got {text!r}") from None
     if not (0 <= v < 10) or math.isnan(v):
-        raise ValueError(f"--max-slowdown must be between 0% and 1000%, got {text!r}")
+        raise ValueError(f"{flag} must be between 0% and 1000%, got {text!r}")
     return v
 
 
@@ -69,6 +72,16 @@ class Bars:
         return any(v is not None for v in (self.min_busbw, self.max_slowdown, self.min_link_util))
 
 
+CHECK_COLUMNS = [
+    "bar", "collective", "precision", "group", "placement", "size_bytes", "value", "ci_low", "ci_high", "limit",
+    "basis", "passed",
+]  # fmt: skip
+"""Columns of :attr:`GateResult.rows` (``commbench.check``'s table): one row per point a bar judged. bar: busbw
+(GB/s), link_util (a fraction of the link) or slowdown (time over the baseline's); value with its interval (NaN
+ends: a point estimate); limit: the bar (busbw, link_util: the least allowed; slowdown: 1 + --max-slowdown, the
+most); basis: interval or point estimate (``threshold``); passed: False for a failing point."""
+
+
 @dataclass(slots=True)
 class GateResult:
     """What ``check`` found: failing points (one line each), how many points each bar judged, and notes."""
@@ -76,6 +89,18 @@ class GateResult:
     failures: list[str] = field(default_factory=list)
     judged: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """One dict per judged point and bar (:data:`CHECK_COLUMNS`), passing and failing."""
+
+    def judge(self, bar: str, r: Any, value: float, low: float, high: float, limit: float, basis: str, ok: bool) -> None:
+        """Record one judged point (``r``: its row, for the key columns)."""
+        place = r.get("placement")
+        self.rows.append({
+            "bar": bar, "collective": r.get("collective"), "precision": r.get("precision"),
+            "group": r.get("group") if isinstance(r.get("group"), str) else WORLD_GROUP,
+            "placement": place if isinstance(place, str) else "", "size_bytes": int(_f(r.get("size_bytes"))),
+            "value": value, "ci_low": low, "ci_high": high, "limit": limit, "basis": basis, "passed": ok,
+        })  # fmt: skip
 
     @property
     def exit_code(self) -> int:
@@ -133,6 +158,7 @@ def _bandwidth_bar(
             continue
         judged += 1
         top, ci = (hi, f" [{lo:{fmt}}-{hi:{fmt}}]") if not math.isnan(hi) else (v, " (no interval)")
+        out.judge(name, r, v, lo, hi, bar, "interval" if not math.isnan(hi) else "threshold", not top < bar)
         if top < bar:
             out.failures.append(f"{_where(r)}: {name} {v:{fmt}}{unit}{ci} is below {bar:{fmt}}{unit}{_limited_by(r)}")
     out.judged[name] = judged
@@ -153,8 +179,11 @@ def _slowdown_bar(run: RunData, base: RunData, bars: Bars, out: GateResult) -> N
     )
     for _, r in rf.iterrows():
         ratio, lo, hi = _f(r["time_ratio"]), _f(r["time_ratio_ci_low"]), _f(r["time_ratio_ci_high"])
-        bottom, ci = (lo, f" [{lo:.3f}-{hi:.3f}]") if not math.isnan(lo) else (ratio, " (no interval)")
-        if bottom > limit:
+        # the decision compare makes (stats.judge), at the bar: the adjusted interval, else the point estimate
+        j = stats.judge(stats.Estimate(ratio, lo, hi, 0), float(bars.max_slowdown or 0.0))
+        ci = f" [{lo:.3f}-{hi:.3f}]" if j.basis == "interval" else " (point estimates, no interval)"
+        out.judge("slowdown", r, ratio, lo, hi, limit, j.basis, j.direction <= 0)
+        if j.direction > 0:
             sel = links
             for k in (*SERIES, "size_bytes"):
                 sel = sel[sel[k].astype(str) == str(r[k])] if k in sel.columns else sel
