@@ -112,10 +112,13 @@ def check_layout(p: Parallel, m: ModelShape, gpus: int | None = None) -> None:
 
 
 def round_batch(global_batch: int, dp: int, micro_batch: int, multiple: int = 1) -> tuple[int, str]:
-    """The global batch as a whole number of micro-batches per DP rank (the nearest multiple of ``multiple``, at
-    least one: interleaving needs micro-batches divisible by PP) and the one line that says so when it differs
-    ("" when it is already whole)."""
+    """The global batch as a whole number of micro-batches per DP rank (the nearest multiple of ``multiple``:
+    interleaving needs micro-batches divisible by PP) and the one line that says so when it differs ("" when it is
+    already whole). ValueError when it holds less than that one multiple: a batch is never rounded up past it."""
     unit = dp * micro_batch
+    if global_batch < unit * multiple:
+        raise ValueError(f"a global batch of {global_batch} sequences holds less than {multiple} micro-batch(es) of "
+                         f"{micro_batch} per DP rank ({dp})")  # fmt: skip
     m = max(multiple, round(global_batch / (unit * multiple)) * multiple)
     used = m * unit
     if used == global_batch:

@@ -4,7 +4,7 @@ stages) x CP x DP x micro-batch x data-parallel strategy x precision, each price
 collective at its call size with latency, exposure per collective, optimizer, stage imbalance), ranked by tokens
 per second; every option ruled out says by which rule (``ruled_out``).
 
-The space (each overridable by a list): TP every divisor of the heads and kv heads up to the GPUs per node; PP every
+The space (each overridable by a list): TP every divisor of the heads and kv heads that divides the GPUs per node; PP every
 divisor of the GPUs left up to the layers (uneven splits balanced, :func:`commbench.planning.layout.stage_split`);
 virtual stages 1 and 2; CP 1 (and 2, 4, 8 from 16k-token sequences); micro-batches of 1, 2 and 4 sequences; the
 global batch (``global_batch`` sequences, or ``global_batch_tokens``, default 4M tokens) rounded per layout to whole
@@ -83,7 +83,8 @@ def _options(s: Setting, n: int, tps: Sequence[int] | None, pps: Sequence[int] |
     m = s.model
     heads = math.gcd(m.heads, m.kv_heads)
     out = []
-    for t in tps or _divisors(heads, min(s.gpus_per_node, n)):
+    # by default a TP group fills a whole part of a node: TP divides the GPUs per node
+    for t in tps or [d for d in _divisors(heads, min(s.gpus_per_node, n)) if s.gpus_per_node % d == 0]:
         if n % t:
             continue
         for c in cps or ([1, 2, 4, 8] if m.seq >= 16384 else [1]):
@@ -101,7 +102,12 @@ def _options(s: Setting, n: int, tps: Sequence[int] | None, pps: Sequence[int] |
 def _row(s: Setting, n: int, t: int, p: int, c: int, v: int, b: int, sname: str, pname: str,
          pricer: Pricer) -> dict[str, Any]:  # fmt: skip
     dp = n // (t * p * c)
-    gb, _ = round_batch(s.global_batch, dp, b, p if v > 1 else 1)
+    base0 = {"tp": t, "pp": p, "dp": dp, "cp": c, "vpp": v, "micro_batch": b, "strategy": sname, "precision": pname,
+             "gpus": n, "recompute": s.recompute}  # fmt: skip
+    try:
+        gb, _ = round_batch(s.global_batch, dp, b, p if v > 1 else 1)
+    except ValueError as e:
+        return {**base0, "ruled_out": str(e)}
     lay = Parallel(t, p, dp, c, v, b, gb, RECOMPUTES[s.recompute], sp=t > 1)  # sequence parallel with TP
     base = {"tp": t, "pp": p, "dp": dp, "cp": c, "vpp": v, "micro_batch": b, "global_batch": gb,
             "strategy": sname, "precision": pname, "gpus": n, "recompute": s.recompute}  # fmt: skip
@@ -255,7 +261,7 @@ def describe_option(r: Any, s: Setting) -> str:
     return (
         f"{r['gpus']} x {s.gpu.name.upper()}, {layout_name(r)}: {r['tokens_per_s'] / 1e6:.3g} M tokens/s "
         f"({r['tokens_per_s_low'] / 1e6:.3g}-{r['tokens_per_s_high'] / 1e6:.3g} M), step {fmt_time(r['step_time_s'])}, "
-        f"MFU {r['mfu']:.0%}, {fmt_gb(r['mem_total_bytes'])} per GPU, {r['microbatches']} micro-batches, bubble "
+        f"MFU {r['mfu']:.0%}, {fmt_gb(r['mem_total_bytes'])} per GPU, {int(r['microbatches'])} micro-batches, bubble "
         f"{r['bubble_frac']:.0%}"
     )
 
