@@ -324,7 +324,7 @@ def check_group(
     partial: list[list[float]] = [[] for _ in points]
     exact: torch.Tensor | None = None
     sq_ref = 0.0
-    source = payload_source(suite, layout, fp32_bytes)
+    source = payload_source(suite, layout, fp32_bytes, d.device)
     for dt in dict.fromkeys(prec.input_dtype for prec, _ in points):
         mine = [i for i, (prec, _) in enumerate(points) if prec.input_dtype == dt]
         load_inputs([points[i] for i in mine], source, d.rank, m, d.device)

@@ -2,6 +2,13 @@
 :func:`payload_blocks`), the exactly representable check inputs (:func:`exact_inputs`, :func:`exact_blocks`), a
 point's seeds and the :data:`Source` that hands any rank's elements ``[lo, hi)`` to the references of
 :mod:`commbench.measure.check`, and the loading of this rank's ops (:func:`load_inputs`).
+
+Both kinds of input are functions of (seed, element index) written in torch ops, so each is made on the device
+that uses it, block by block, and any block of any rank can be made without the ones before it: a rank's own
+payload once per load, a peer's block where a reference needs it, never a stream replayed on the CPU. The
+payloads' generator is counter-based (an integer hash of the point's seed and the index, then Box-Muller in
+float64); on a GPU its cost is a few passes over memory per element, on a CPU comparable to torch's own
+generator (``benchmarks/bench_payloads.py``).
 """
 
 from __future__ import annotations
@@ -16,110 +23,112 @@ from commbench.measure.precision import PointOp, Precision
 
 
 def payload(kind: str, numel: int, seed: int, device: torch.device | None = None) -> torch.Tensor:
-    """Float64 payload of one rank, made by the CPU generator (the same values on every device) and moved to
-    ``device``: ``normal`` N(0,1); ``gradient`` N(0, 1e-7^2), the magnitude of
-    small late-training gradients: below fp16's smallest normal (6.1e-5) and around its smallest subnormal
-    (6.0e-8), so they underflow without loss scaling, while bf16 keeps fp32's exponent range; ``outliers`` N(0,1) with
-    one element in a thousand scaled by 1e4 (per-tensor scaling collapses the rest).
+    """Float64 payload of one rank, made on ``device`` (CPU by default): ``normal`` N(0,1); ``gradient``
+    N(0, 1e-7^2), the magnitude of small late-training gradients: below fp16's smallest normal (6.1e-5) and around
+    its smallest subnormal (6.0e-8), so they underflow without loss scaling, while bf16 keeps fp32's exponent range;
+    ``outliers`` N(0,1) with one element in a thousand scaled by 1e4 (per-tensor scaling collapses the rest).
 
-    The definition of the values; the sweep makes them in blocks (:func:`payload_blocks`)."""
-    g = torch.Generator().manual_seed(seed)
-    if kind == "normal":
-        x = torch.randn(numel, generator=g, dtype=torch.float64)
-    elif kind == "gradient":
-        x = torch.randn(numel, generator=g, dtype=torch.float64) * 1e-7
-    elif kind == "outliers":
-        x = torch.randn(numel, generator=g, dtype=torch.float64)
-        mask = torch.rand(numel, generator=g, dtype=torch.float64) < 1e-3
-        x = torch.where(mask, x * 1e4, x)
-    else:
-        raise ValueError(f"unknown payload {kind!r}; valid choices: {', '.join(PAYLOADS)}")
-    return x if device is None else x.to(device)
+    The definition of the values (:func:`payload_piece`: any range, by element index)."""
+    return payload_piece(kind, seed, 0, numel, device)
 
 
 BLOCK = 1 << 20
-"""Elements per block of an input made in blocks (8 MiB of float64): a multiple of 16 (see
-:func:`_normal_blocks`), small next to a 64 MiB tensor, large enough that the per-call cost is nothing."""
+"""Elements per block of an input made in blocks (8 MiB of float64): small next to a 64 MiB tensor, large enough
+that the per-call cost is nothing."""
+
+# ----------------------------------------------------------------------------------------------------------
+# A counter-based generator in torch ops: element i of a payload is a function of (seed, i) alone, so any block
+# of any rank is made where it is needed, on that device, without replaying a stream; and the values are the same
+# on every device type and model up to the last bit of a float64 log/cos (integer hashing is exact everywhere;
+# torch's own generators are not: CUDA's Philox output depends on the launch grid, hence on the GPU's SM count).
+
+_M32 = 0xFFFFFFFF
 
 
-def _normal_blocks(g: torch.Generator, numel: int, block: int) -> Iterator[torch.Tensor]:
-    """``torch.randn(numel, generator=g, dtype=float64)`` made as consecutive blocks whose concatenation has
-    the same values, bit for bit: torch's CPU normal fill draws one uniform per element in order and transforms
-    them in groups of 16 from the start of the call, then redraws the last 16 when ``numel % 16 != 0``. Blocks
-    that start at multiples of 16 (``block`` is one) give the same groups, and the tail lands in the last block,
-    which is extended to the end when less than 16 elements would be left after it. Checked at run time by
-    :func:`_blocks_agree` (a torch whose fill differs falls back to whole tensors)."""
-    start = 0
-    while start < numel:
-        end = min(start + block, numel)
-        if 0 < numel - end < 16:
-            end = numel
-        yield torch.randn(end - start, generator=g, dtype=torch.float64)
-        start = end
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply, the "lowbias32" shape of C. Wellons' hash-prospector), in place
+    on int64 holding values < 2**32: multipliers below 2**31, so no product overflows int64 and every op is exact."""
+    x.bitwise_xor_(x >> 16)
+    x.mul_(0x7FEB352D).bitwise_and_(_M32)
+    x.bitwise_xor_(x >> 15)
+    x.mul_(0x5BD1E995).bitwise_and_(_M32)
+    return x.bitwise_xor_(x >> 16)
 
 
-def _payload_blocks(kind: str, numel: int, seed: int, block: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(start, block) of :func:`payload` over the whole tensor, in order."""
+def _hash(i: torch.Tensor, key: int, stream: int) -> torch.Tensor:
+    """32 random bits (a new int64 tensor) for counters ``i`` (int64 >= 0) of a 63-bit ``key``, one of several
+    streams."""
+    k0, k1 = key & _M32, (key >> 32) & _M32
+    a = _mix32((i & _M32).bitwise_xor_(k0 ^ ((stream * 0x9E3779B9) & _M32)))
+    return _mix32(a.bitwise_xor_(i >> 32).bitwise_xor_(k1))
+
+
+_TWO_PI = 6.283185307179586
+
+
+def _normals(
+    seed: int, lo: int, hi: int, device: torch.device | None, outliers: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """N(0,1) float64 for elements ``[lo, hi)``: Box-Muller on pair ``p = i // 2`` (element ``2p`` the cosine,
+    ``2p + 1`` the sine), the radius from a 53-bit uniform in (0, 1) (so |z| reaches 8.6, not 6.7 as 32 bits
+    would give), the angle from 32 bits; the pair's hash is rehashed for each next 32 bits. With ``outliers``, also
+    each element's outlier mask (``u < 1e-3`` from two more rehashes, one per element of the pair)."""
+    p0, p1 = lo // 2, (hi + 1) // 2
+    h = _hash(torch.arange(p0, p1, dtype=torch.int64, device=device), seed, 0)
+    u1 = (h << 21).to(torch.float64)
+    h = _mix32(h.bitwise_xor_(0x2545F491))
+    u1.add_((h >> 11).to(torch.float64)).add_(0.5).mul_(2.0**-53)
+    h = _mix32(h.bitwise_xor_(0x68E31DA4))
+    u2 = h.to(torch.float64).mul_(2.0**-32 * _TWO_PI)
+    mask = None
+    if outliers:
+        mask = torch.empty(2 * (p1 - p0), dtype=torch.bool, device=device)
+        threshold = int(1e-3 * 2**32)  # one in a thousand
+        h = _mix32(h.bitwise_xor_(0x1B873593))
+        torch.lt(h, threshold, out=mask[0::2])
+        torch.lt(_mix32(h.bitwise_xor_(0x3C6EF372)), threshold, out=mask[1::2])
+        mask = mask[lo - 2 * p0 : hi - 2 * p0]
+    del h
+    r = u1.log_().mul_(-2.0).sqrt_()
+    z = torch.empty(2 * (p1 - p0), dtype=torch.float64, device=device)
+    torch.mul(r, torch.cos(u2), out=z[0::2])
+    torch.mul(r, u2.sin_(), out=z[1::2])
+    return z[lo - 2 * p0 : hi - 2 * p0], mask
+
+
+def payload_piece(kind: str, seed: int, lo: int, hi: int, device: torch.device | None = None) -> torch.Tensor:
+    """Elements ``[lo, hi)`` of :func:`payload` (float64, made on ``device``), computed by index: nothing
+    before ``lo`` is made."""
     if kind not in PAYLOADS:
         raise ValueError(f"unknown payload {kind!r}; valid choices: {', '.join(PAYLOADS)}")
-    if block % 16:
-        raise ValueError(f"payload block must be a multiple of 16 elements, got {block}")
-    g = torch.Generator().manual_seed(seed)
-    gm = None
-    if kind == "outliers":
-        # payload() draws the mask after the whole normal tensor: a second generator, run through the normal
-        # draws once, is where those draws start (one more pass of the generator, no memory)
-        gm = torch.Generator().manual_seed(seed)
-        for _ in _normal_blocks(gm, numel, block):
-            pass
-    start = 0
-    for x in _normal_blocks(g, numel, block):
-        if kind == "gradient":
-            x = x * 1e-7
-        elif gm is not None:
-            mask = torch.rand(x.numel(), generator=gm, dtype=torch.float64) < 1e-3  # one draw per element
-            x = torch.where(mask, x * 1e4, x)
-        yield start, x
-        start += x.numel()
-
-
-_AGREE: dict[str, bool] = {}
-
-
-def _blocks_agree(kind: str) -> bool:
-    """Whether :func:`_payload_blocks` gives :func:`payload`'s values on this torch (sizes around a block,
-    with and without a tail of less than 16, and under 16), once per payload kind."""
-    if kind not in _AGREE:
-        ok = True
-        for numel in (5, 16, 96, 101, 117, 130):
-            whole = payload(kind, numel, 12345)
-            parts = torch.cat([x for _, x in _payload_blocks(kind, numel, 12345, 32)])
-            ok = ok and torch.equal(whole, parts)
-        _AGREE[kind] = ok
-    return _AGREE[kind]
+    if hi <= lo:
+        return torch.empty(0, dtype=torch.float64, device=device)
+    x, mask = _normals(seed, lo, hi, device, outliers=kind == "outliers")
+    if kind == "gradient":
+        x.mul_(1e-7)
+    elif mask is not None:
+        x = torch.where(mask, x * 1e4, x)
+    return x
 
 
 def payload_blocks(
-    kind: str, numel: int, seed: int, lo: int = 0, hi: int | None = None, block: int | None = None
+    kind: str,
+    numel: int,
+    seed: int,
+    lo: int = 0,
+    hi: int | None = None,
+    block: int | None = None,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[int, torch.Tensor]]:
-    """Elements ``[lo, hi)`` of :func:`payload` (float64, on the CPU) as (start, piece) in order, pieces of at most
-    ``block`` elements, never the whole tensor at once. The generator runs from the start: elements before ``lo``
-    are made and dropped (the cost of a whole payload, not its memory). ``block`` defaults to ``BLOCK``."""
+    """Elements ``[lo, hi)`` of :func:`payload` (float64, made on ``device``) as (start, piece) in order, pieces
+    of at most ``block`` elements (default ``BLOCK``), each computed by index: nothing before ``lo`` is made, and
+    never the whole tensor at once."""
     hi = numel if hi is None else hi
     block = BLOCK if block is None else block
-    if not _blocks_agree(kind):  # a torch whose normal fill differs: whole tensors (correct, not lean)
-        x = payload(kind, numel, seed)
-        for s in range(lo, hi, block):
-            yield s, x[s : min(s + block, hi)]
-        return
-    for start, x in _payload_blocks(kind, numel, seed, block):
-        end = start + x.numel()
-        if end <= lo:
-            continue
-        if start >= hi:
-            return
-        a, b = max(lo, start), min(hi, end)
-        yield a, x[a - start : b - start]
+    if kind not in PAYLOADS:
+        raise ValueError(f"unknown payload {kind!r}; valid choices: {', '.join(PAYLOADS)}")
+    for s in range(lo, hi, block):
+        yield s, payload_piece(kind, seed, s, min(s + block, hi), device)
 
 
 def exact_inputs(numel: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
@@ -199,10 +208,12 @@ Source = Callable[[int, int, int], Iterator[tuple[int, torch.Tensor]]]
 """``source(r, lo, hi)``: elements ``[lo, hi)`` of rank ``r``'s float64 input as (start, piece), in order."""
 
 
-def payload_source(suite: SuiteConfig, layout: Layout, fp32_bytes: int) -> Source:
-    """Every rank's payload of a point, in blocks: the error pass and the timing run on it."""
+def payload_source(suite: SuiteConfig, layout: Layout, fp32_bytes: int, device: torch.device | None = None) -> Source:
+    """Every rank's payload of a point, in blocks made on ``device``: the error pass and the timing run on it."""
     n = layout.input_numel
-    return lambda r, lo, hi: payload_blocks(suite.payload, n, point_seed(suite.seed, r, fp32_bytes), lo, hi)
+    return lambda r, lo, hi: payload_blocks(
+        suite.payload, n, point_seed(suite.seed, r, fp32_bytes), lo, hi, device=device
+    )
 
 
 def exact_source(layout: Layout, device: torch.device | None = None) -> Source:

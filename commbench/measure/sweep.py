@@ -305,7 +305,8 @@ class Sweep:
         # Timing on the payload, regenerated from its seed in blocks rather than kept through the checks or the
         # run: one tensor per input dtype loads every contender (in-place collectives keep summing into the buffer:
         # like nccl-tests in-place).
-        load_inputs(pairs, payload_source(suite, layout, group.fp32_bytes), view.rank, layout.input_numel, d.device)
+        source = payload_source(suite, layout, group.fp32_bytes, d.device)
+        load_inputs(pairs, source, view.rank, layout.input_numel, d.device)
         phases = []
         for _, op in pairs:
             op.encode()
