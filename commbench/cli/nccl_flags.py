@@ -65,22 +65,19 @@ NO_MEANING: tuple[NoMeaningFlag, ...] = (
 """nccl-tests flags whose default is what commbench always does; another value is one line, exit 2."""
 
 
-def _check_count(text: str) -> bool:
-    """nccl-tests' ``-c N``: check N iterations; 0 turns the check off."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a check count (0 = no check, 1 = check), got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n > 0
-
-
 def _int(text: str) -> int:
     try:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _check_count(text: str) -> bool:
+    """nccl-tests' ``-c N``: check N iterations; 0 turns the check off."""
+    n = _int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = no check), got {n}")
+    return n > 0
 
 
 def add_nccl_tests_flags(r: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ it finishes, like nccl-tests.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import torch.distributed as dist
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from commbench.core.suite import SuiteConfig
 from commbench.core.units import format_size
 from commbench.measure import console
-from commbench.measure.passes import GroupState, group_key, pass_entry, pass_line, restore
+from commbench.measure.passes import PARTIAL_STATE, GroupState, group_key, pass_entry, pass_line, restore
 from commbench.measure.sweep import Group, Sweep, agree_done, iter_groups, signal_hook
 from commbench.store.results import PASSES_TABLE, crossover
 
@@ -81,7 +82,11 @@ def _visit(
     last = p == passes - 1
     if state is None or state.passes <= p:
         prior = state.rounds if state is not None else None
-        state = sweep.sample_group(group, state, p)
+        try:
+            state = sweep.sample_group(group, state, p)
+        except BaseException as e:
+            _keep_cut_pass(sweep, writer, key, group, indices, getattr(e, PARTIAL_STATE, None), prior, p)
+            raise
         if state is None:
             return None
         if writer is not None:
@@ -94,13 +99,30 @@ def _visit(
         writer.add([pt for _, pt in points])
         if last:
             writer.add(ranks)
-            for _, pt in points:
-                printer.row(pt.as_dict(), group.collective.redop)
+            printer.rows([pt.as_dict() for _, pt in points], group.collective.redop)  # one size: legend above its rows
         elif not quiet and points:
             where = f"{group.collective.name} {format_size(group.fp32_bytes)} [{group.kind}]"
             for line in console.comment(pass_line(where, p, passes, [pt.as_dict() for _, pt in points])):
                 print(line, flush=True)
     return None if last else state
+
+
+def _keep_cut_pass(
+    sweep: Sweep, writer: Any, key: tuple[Any, ...], group: Group, indices: set[int], cut: GroupState | None,
+    prior: Any, p: int,
+) -> None:  # fmt: skip
+    """A pass stopped after some rounds were exchanged (``cut``): journal them as an incomplete pass and write the
+    group's provisional rows from everything so far, on rank 0. Never raises: the stop's own exception goes on."""
+    if cut is None or writer is None:
+        return
+    try:
+        names = [group.points[c][1].precision.name for c in cut.live]
+        passes = sweep.suite.timing.passes
+        writer.append_journal(PASSES_TABLE, [pass_entry(key, names, cut, prior, p, passes, complete=False)])
+        points, _ = sweep.finish_group(group, cut, indices, partial=True)
+        writer.add([pt for _, pt in points])
+    except Exception as e:  # the journal line is what matters; a row that cannot be built is said, not raised
+        print(f"commbench: warning: rows of the pass cut short not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def restored_states(
