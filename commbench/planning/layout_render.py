@@ -89,10 +89,19 @@ def format_rows(df: pd.DataFrame, cols: int | None = None) -> list[str]:
     return table_lines(console_frame(df), cols or width())
 
 
+def output_paths(out: str | os.PathLike[str], stem: str) -> dict[str, Path]:
+    """``out/<stem>.csv|md|html`` with ``out/plots`` created; ValueError (one line) where it cannot be."""
+    d = Path(out)
+    try:
+        (d / "plots").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"output directory {d} cannot be created: {e.strerror or e}") from None
+    return {"csv": d / f"{stem}.csv", "md": d / f"{stem}.md", "html": d / f"{stem}.html"}
+
+
 def write_layout(df: pd.DataFrame, out: str | os.PathLike[str], stem: str = "plan", title: str = "") -> dict[str, Path]:
     """``out/<stem>.csv`` (every column), ``.md`` and ``.html`` (answer, notes, rows with units, sources, exposure,
     assumptions, the columns' meaning); returns the paths."""
-    from commbench.planning.plan_render import output_paths
     from commbench.views.render import render_html, render_markdown
     from commbench.views.tables import Table
 
@@ -121,4 +130,7 @@ def write_layout(df: pd.DataFrame, out: str | os.PathLike[str], stem: str = "pla
     return paths
 
 
-__all__ = ["CONSOLE", "console_frame", "format_layout", "format_rows", "table_lines", "width", "wrap", "write_layout"]
+__all__ = [
+    "CONSOLE", "console_frame", "format_layout", "format_rows", "output_paths", "table_lines", "width", "wrap",
+    "write_layout",
+]  # fmt: skip

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from commbench.planning.layout_render import console_frame, format_rows, output_paths, width, wrap
 from commbench.planning.pricing import COLUMNS
 
 MEM_PARTS = (
@@ -86,16 +87,6 @@ def fig_step(df: pd.DataFrame) -> Any:
 def _ms_interval(low_s: pd.Series, high_s: pd.Series) -> list[str]:
     """A time interval in seconds as console text in ms, "-" where it is unpriced."""
     return ["-" if pd.isna(a) else f"{a * 1e3:.4g}-{b * 1e3:.4g}" for a, b in zip(low_s, high_s, strict=True)]
-
-
-def output_paths(out: str | os.PathLike[str], stem: str) -> dict[str, Path]:
-    """``out/<stem>.csv|md|html`` with ``out/plots`` created; ValueError (one line) where it cannot be."""
-    d = Path(out)
-    try:
-        (d / "plots").mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"output directory {d} cannot be created: {e.strerror or e}") from None
-    return {"csv": d / f"{stem}.csv", "md": d / f"{stem}.md", "html": d / f"{stem}.html"}
 
 
 def write_plan(df: pd.DataFrame, out: str | os.PathLike[str], device_memory: float | None = None) -> dict[str, Path]:
@@ -234,7 +225,6 @@ def fig_search(df: pd.DataFrame) -> Any | None:
 def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Path]:
     """``out/search.csv`` (every column), ``search.md``, ``search.html``: the answer, the best per GPU count, the
     options that fit (units in every cell), what ruled the rest out, the assumptions; returns the paths."""
-    from commbench.planning.layout_render import console_frame
     from commbench.planning.search import SEARCH_COLUMNS
     from commbench.views.render import render_html, render_markdown
     from commbench.views.tables import Table
@@ -273,8 +263,6 @@ def write_search(df: pd.DataFrame, out: str | os.PathLike[str]) -> dict[str, Pat
 def format_search(df: pd.DataFrame, top: int = 12, cols: int | None = None) -> str:
     """The console view: the answer first, the best per GPU count, the top options, what ruled the rest out; no
     line wider than the terminal."""
-    from commbench.planning.layout_render import format_rows, width, wrap
-
     cols = cols or width()
     lines = wrap(df.attrs.get("answer", ""), cols)
     for x in df.attrs.get("per_count", []):
