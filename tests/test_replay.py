@@ -203,6 +203,10 @@ def test_replay_command_end_to_end(tmp_path: Path) -> None:
     }
     for x in rows:
         assert float(x["time_ci_low_us"]) <= float(x["time_us"]) <= float(x["time_ci_high_us"])
+    calls = [(x["order"], x["collective"], x["size_bytes"], x["group"], x["placement"]) for x in csv.DictReader(open(out / "replay_calls.csv"))]
+    # one rank's trace: where its peers ran is unknown
+    assert calls == [("0", "all_reduce", "2048", "0 1", "unknown"), ("1", "all_reduce", "2048", "0 1", "unknown"),
+                     ("2", "all_gather", "4096", "0 1", "unknown")]  # fmt: skip
     steps = {x["precision"]: x for x in csv.DictReader(open(out / "replay_steps.csv"))}
     assert int(steps["trace"]["bytes_per_step"]) == 2 * 2048 + 4096
     assert int(steps["bf16"]["bytes_per_step"]) == 2 * 2048 + 2048

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from commbench.store.trace_calls import DTYPE_SIZES
-from commbench.store.traces import describe, load_traces, pick_step, read_trace, step_calls
+from commbench.store.traces import describe, load_traces, pick_step, placement, read_trace, step_calls
 from tests.distutil import run_in_world
 from tests.replay_world import POLICIES, REPLAYED, STEP, world
 
@@ -64,6 +64,8 @@ def test_pipeline_trace_has_both_directions(results: list[dict[str, Any]]) -> No
     calls = step_calls(ts[0], pick_step(ts[0], "last"))
     assert {c.collective for c in calls} == {"send", "recv"}
     assert all(c.peer == 1 for c in calls)
+    # both ranks' traces name their host (Kineto's host_name): the group ran inside one node
+    assert placement(ts, (0, 1)) == "intra" and placement(ts[:1], (0, 1)) == "unknown"
     assert [c.collective for c in step_calls(ts[1], STEP)].count("send") == results[1]["profiled"]["pp_gpipe_fp32"]["calls"]["send:float"]
 
 

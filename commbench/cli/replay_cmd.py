@@ -24,6 +24,7 @@ from commbench.store.traces import (
     describe,
     load_traces,
     pick_step,
+    placement,
     rank_mismatches,
     step_calls,
     trace_groups,
@@ -141,10 +142,13 @@ def print_calls(traces: list[Trace], step: int) -> None:
     from commbench.store.traces import step_rows
 
     for t in traces:
-        print(f"# {t.path}: rank {t.rank} of {t.world_size or '?'} ({t.backend or t.format}), step {step}")
+        host = f" on {t.host}" if t.host else ""
+        print(f"# {t.path}: rank {t.rank} of {t.world_size or '?'}{host} ({t.backend or t.format}), step {step}")
         for r in step_rows(step_calls(t, step)):
+            where = placement(traces, r.group)
             print(
-                f"  {r.collective:<15} {r.size_bytes:>12} B {r.dtype:<9} group {r.group_name} {list(r.group or [])}  x{r.calls_per_step}"
+                f"  {r.collective:<15} {r.size_bytes:>12} B {r.dtype:<9} group {r.group_name} {list(r.group or [])} "
+                f"({where})  x{r.calls_per_step}"
             )
         _print_counts(t)
 
@@ -186,6 +190,7 @@ def replay_worker(args: argparse.Namespace, traces: list[Trace], step: int) -> i
         nodes = gather_nodes(d)  # every rank: one report per node
         if d.rank == 0:
             notes += write_run_dir(out, suite, d, start, nodes, result.records, args.timeout)
+            write_calls(out / "replay_calls.csv", traces, calls, [kinds[json.dumps(p)] for p in layouts])
             write_outputs(out, traces, step, result, notes, world=(d.world_size, d.backend))
         d.barrier()
         return 0
@@ -261,6 +266,22 @@ def _csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> No
         w.writeheader()
         w.writerows(rows)
     os.replace(tmp, path)
+
+
+CALL_COLUMNS = ("order", "collective", "size_bytes", "dtype", "group", "group_size", "placement", "peer", "source",
+                "replayed_on")  # fmt: skip
+"""``replay_calls.csv``: the step's calls of the replayed rank in the trace's order: the group's ranks in the job,
+where they ran (``intra``, ``inter``, ``unknown`` without every rank's trace), the group kind it is replayed on."""
+
+
+def write_calls(path: Path, traces: list[Trace], calls: list[TraceCall], kinds: list[str]) -> None:
+    rows = [
+        {"order": c.order, "collective": c.collective, "size_bytes": c.size_bytes, "dtype": c.dtype,
+         "group": " ".join(map(str, c.group or ())), "group_size": c.group_size, "placement": placement(traces, c.group),
+         "peer": "" if c.peer is None else c.peer, "source": c.source, "replayed_on": k}
+        for c, k in zip(calls, kinds, strict=True)
+    ]  # fmt: skip
+    _csv(path, CALL_COLUMNS, rows)
 
 
 def write_outputs(
@@ -340,7 +361,7 @@ def write_outputs(
     }  # fmt: skip
     (out / "replay.json").write_text(json.dumps(meta, indent=1))
     report = write_replay_report(out)
-    print(f"# results: {out / 'replay.csv'}, {out / 'replay_steps.csv'}, {report}")
+    print(f"# results: {out / 'replay.csv'}, {out / 'replay_steps.csv'}, {out / 'replay_calls.csv'}, {report}")
 
 
 def exposure_columns(exp: Exposure | None, s: Any) -> dict[str, float]:

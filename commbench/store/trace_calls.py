@@ -246,7 +246,8 @@ class Trace:
     """Each step's (start, end) in us on the host (``ProfilerStep#N``)."""
     gpu_step_spans: dict[int, tuple[float, float]] = field(default_factory=dict)
     """The same steps on the GPU timeline (Kineto's ``gpu_user_annotation`` of ``ProfilerStep#N``)."""
-    torch_version: str = ""
+    host: str = ""
+    """The host the rank ran on (Kineto's ``host_name``)."""
 
 
 def _numel(shape: Any) -> int:

@@ -149,7 +149,7 @@ def read_kineto(path: str, data: dict[str, Any]) -> Trace:
     world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     trace = Trace(
         path=path, format="kineto", rank=rank, world_size=world, backend=str(info.get("backend", "")),
-        groups=_groups(info), steps=[], calls=[],
+        groups=_groups(info), steps=[], calls=[], host=str(data.get("host_name", "")),
     )  # fmt: skip
     comm: list[OpEvent] = []
     work: list[OpEvent] = []

@@ -195,6 +195,15 @@ def step_rows(calls: list[TraceCall]) -> list[StepRow]:
     ]
 
 
+def placement(traces: list[Trace], group: tuple[int, ...] | None) -> str:
+    """Where the job's group ran: ``intra`` (every rank on one host), ``inter`` (across hosts), or ``unknown`` when
+    the traces do not hold every rank's host (give every rank's trace)."""
+    hosts = {t.rank: t.host for t in traces if t.host and t.format == "kineto"}
+    if group is None or any(r not in hosts for r in group):
+        return "unknown"
+    return "intra" if len({hosts[r] for r in group}) == 1 else "inter"
+
+
 def rank_mismatches(traces: list[Trace], step: int) -> list[str]:
     """Where the ranks' traces disagree on the step's collectives (point-to-point calls differ by rank): one line
     per rank that differs from the lowest rank."""
