@@ -153,6 +153,9 @@ class _MaxBound:
 
 def test_sliced_comparisons_give_the_whole_tensor_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
     import commbench.measure.check as check
+    from commbench.measure.collectives import get_collective
+
+    ar = get_collective("all_reduce")  # a sum: the op adds no tolerance of its own
 
     g = torch.Generator().manual_seed(5)
     o = 1000
@@ -170,14 +173,14 @@ def test_sliced_comparisons_give_the_whole_tensor_statistics(monkeypatch: pytest
     assert want_wrong == 3
     for slice_ in (7, 128, 1 << 20):
         monkeypatch.setattr(check, "_SLICE", slice_)
-        assert check._count_wrong(_MaxBound(), None, 2, got, exact, abs_sum) == (3, float(bound.max()))  # type: ignore[arg-type]
+        assert check._count_wrong(_MaxBound(), ar, 2, got, exact, abs_sum) == (3, float(bound.max()))  # type: ignore[arg-type]
         sq, mx, sqc = check._errors(got, exact, given)
         assert mx == want[1]  # the largest error: the same to the bit
         assert sq == pytest.approx(want[0], rel=1e-13) and sqc == pytest.approx(want[2], rel=1e-13)  # summation order
         assert check._sum_sq(exact) == pytest.approx(float((exact * exact).sum()), rel=1e-13)
     nan = got.clone()
     nan[700] = float("nan")
-    assert check._count_wrong(_MaxBound(), None, 2, nan, exact, abs_sum)[0] == 4  # NaN compares false: wrong
+    assert check._count_wrong(_MaxBound(), ar, 2, nan, exact, abs_sum)[0] == 4  # type: ignore[arg-type]  # NaN: wrong
     assert check._errors(nan, exact, given) == (float("inf"),) * 3
 
 

@@ -69,7 +69,7 @@ def test_columns_match_the_schema_1_example_header() -> None:
         "effective_ci_low_gbps", "effective_ci_high_gbps", "gain_vs_fp32", "gain_ci_low", "gain_ci_high",
         "gain_significant", "algo_gain", "algo_gain_ci_low", "algo_gain_ci_high", "precision_gain",
         "precision_gain_ci_low", "precision_gain_ci_high", "timing_mode", "link_gbps", "link_util", "link",
-        "link_host", "passes_done", "partial",
+        "link_host", "passes_done", "partial", "redop", "root",
     ]  # fmt: skip
     assert [c for c in CollectivePoint.columns() if c not in added] == header
     assert [c for c in commbench.store.results.COLUMNS if c not in added] == header

@@ -240,11 +240,10 @@ def _count_wrong(
     if got.numel() == 0:
         return 0, 0.0
     top = abs_sum.max().reshape(1)
-    eps = torch.finfo(prec.wire_dtype).eps if prec.wire_dtype.is_floating_point else 0.0
     wrong, tol = 0, -math.inf
     for s in _slices(got.numel()):
         sums = torch.cat([abs_sum[s], top])
-        bound = prec.check_tolerance(coll, sums, n) + coll.op_tolerance(sums, eps)
+        bound = prec.check_tolerance(coll, sums, n) + coll.op_tolerance(sums, prec)
         if isinstance(bound, torch.Tensor) and bound.dim() > 0:
             tol = max(tol, float(bound.max()))
             bound = bound[:-1]

@@ -260,12 +260,19 @@ class Collective(ABC):
         }
         return reducers[self.redop](stacked)
 
-    def op_tolerance(self, abs_sum: torch.Tensor, wire_eps: float) -> torch.Tensor | float:
-        """What the reduction op itself rounds on exactly representable inputs, on top of the precision's
+    def op_tolerance(self, abs_sum: torch.Tensor, precision: Any) -> torch.Tensor | float:
+        """What the reduction op itself rounds on exactly representable inputs, on top of ``precision``'s
         tolerance: ``avg`` divides by n (inexact unless n is a power of two), at most ``eps * sum |x|`` in the
-        wire dtype whichever way the backend divides (after the sum, or each term as NCCL's pre-multiplied sum);
-        sum, min and max of those inputs are exact, and so is prod unless it overflows the wire dtype (counted)."""
-        return abs_sum * wire_eps if self.redop == "avg" else 0.0
+        precision's wire dtype whichever way the backend divides (after the sum, or each term as NCCL's
+        pre-multiplied sum); sum, min and max of those inputs are exact, and so is prod unless it overflows the wire
+        dtype (then counted wrong). ``precision`` is a :class:`~commbench.measure.precision.Precision` (typed
+        loosely: that module builds on this one)."""
+        if self.redop != "avg":
+            return 0.0
+        import torch
+
+        wire = precision.wire_dtype
+        return abs_sum * (torch.finfo(wire).eps if wire.is_floating_point else 0.0)
 
     dist_ops: ClassVar[tuple[str, ...]] = ()
     """torch.distributed's out-of-place ``fn(out, inp, group=, async_op=)`` for this collective, newest name
