@@ -198,6 +198,11 @@ class Collective(ABC):
             return f"gloo has no {self.redop!r} reduction (valid on gloo: {', '.join(GLOO_OPS)}; avg needs NCCL)"
         return None
 
+    def scale_invariant(self) -> bool:
+        """Whether the reduction commutes with one positive scale shared by every rank (sum, avg, min, max: so codes
+        scaled alike reduce to the scaled result; prod does not: its result carries the scale n times)."""
+        return self.redop != "prod"
+
     def reduce_op(self) -> Any:
         """torch's ``ReduceOp`` of :attr:`redop`."""
         return reduce_op(self.redop)
