@@ -242,3 +242,34 @@ def test_nested_records_are_one_call(tmp_path: Path) -> None:
     assert t.skipped["c10d::allreduce_ (read from the record_param_comms inside it)"] == 1
     assert t.skipped["c10d::allreduce_ (inside another communication record: the same call)"] == 1
     assert t.skipped["record_param_comms (inside another communication record: the same call)"] == 1
+
+
+def _et(nodes: list[dict[str, Any]], schema: str = "1.1.1-chakra.0.0.4") -> dict[str, Any]:
+    return {"schema": schema, "pid": 1, "time": "2026-12-03 07:31:35", "start_ts": 0, "nodes": nodes, "finish_ts": 1}
+
+
+def _node(nid: int, name: str, parent: int, shapes: list[Any] | None = None, types: list[Any] | None = None,
+          values: list[Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"id": nid, "name": name, "ctrl_deps": parent, "inputs": {"values": values or [], "shapes": shapes or [], "types": types or []}}
+
+
+def test_execution_trace(tmp_path: Path) -> None:
+    """The execution trace as ExecutionTraceObserver writes it (torch 2.13): list types name their dtype, the step
+    is the ProfilerStep node above a call, a gloo work item under its c10d operator is the same call, no group is
+    recorded."""
+    nodes = [
+        _node(1, "[pytorch|profiler|execution_trace|process]", 1),
+        _node(4, "ProfilerStep#7", 1),
+        _node(10, "c10d::allreduce_", 4, [[[1000]], [], []], ["GenericList[Tensor(c10::BFloat16)]", "Object", "Object"]),
+        _node(11, "gloo:all_reduce", 10, [[1000]], ["Tensor(c10::BFloat16)"]),
+        _node(20, "c10d::send", 4, [[[10]], [], [], []], ["GenericList[Tensor(float)]", "Object", "Int", "Int"], [[[1]], "<Object>", 1, 0]),
+        _node(30, "c10d::allreduce_", 1, [[[4]]], ["GenericList[Tensor(float)]"]),
+    ]
+    t = read_trace(_write(tmp_path, _et(nodes)))
+    assert (t.format, t.steps) == ("execution_trace", [7])
+    got = [(c.collective, c.numel, c.dtype, c.group, c.peer, c.order) for c in step_calls(t, 7)]
+    assert got == [("all_reduce", 1000, "bfloat16", None, None, 0), ("send", 10, "float32", None, 1, 1)]
+    assert t.skipped == {"gloo:all_reduce (inside another communication record: the same call)": 1,
+                         "c10d::allreduce_ (outside every ProfilerStep span)": 1}  # fmt: skip
+    with pytest.raises(TraceError, match="execution-trace schema '2.0.0'"):
+        read_trace(_write(tmp_path, _et(nodes, "2.0.0"), "et2.json"))
