@@ -52,18 +52,19 @@ class GPU:
 
 
 KERNEL_EFFICIENCY: dict[str, tuple[float, float, float]] = {
-    "a100": (0.50, 0.60, 0.70),
-    "h100": (0.40, 0.50, 0.60),
-    "h200": (0.42, 0.52, 0.62),
-    "b200": (0.35, 0.45, 0.55),
+    "a100": (0.53, 0.63, 0.73),
+    "h100": (0.70, 0.80, 0.90),
+    "h200": (0.70, 0.80, 0.90),
+    "b200": (0.60, 0.70, 0.80),
 }
 """(low, default, high) kernel efficiency per GPU kind; the default is calibrated on the row :data:`CALIBRATION`
-names, the range is the interval's (+-0.10 of peak: what GEMM shapes of one model size vary by)."""
+names (benchmarks/bench_plan_published.py, every other published row held out), the range is the interval's
+(+-0.10 of peak: what GEMM shapes of one model size vary by)."""
 CALIBRATION: dict[str, str] = {
-    "a100": "not yet calibrated: a first estimate below Megatron-LM's 52 % of peak end to end (Narayanan et al. 2021)",
-    "h100": "not yet calibrated: a first estimate from Llama 3's 38-43 % BF16 MFU (Dubey et al. 2024, Table 4)",
-    "h200": "not yet calibrated: the H100's compute with more memory bandwidth",
-    "b200": "not yet calibrated: a first estimate",
+    "a100": "calibrated on Narayanan et al. 2021's GPT-3 175B PTD-P run on 384 A100s (0.630)",
+    "h100": "calibrated on Megatron-Core r0.8.0's GPT-3 177B run on 2304 H100s (0.802)",
+    "h200": "the H100's (same tensor cores), not calibrated on an H200 run",
+    "b200": "a first estimate below the H100's, not calibrated on a B200 run",
 }
 """Where each GPU kind's default kernel efficiency comes from (the published row it was calibrated on)."""
 
