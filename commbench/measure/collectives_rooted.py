@@ -20,10 +20,13 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 
-def _rank(group: dist.ProcessGroup | None) -> int:
+def _shares(t: torch.Tensor, group: dist.ProcessGroup | None, root: int) -> list[torch.Tensor] | None:
+    """``t`` as the n per-rank views the root gathers into or scatters from (in rank order); None off the root."""
     import torch.distributed as dist
 
-    return dist.get_rank(group)
+    if dist.get_rank(group) != root:
+        return None
+    return list(t.view(dist.get_world_size(group), -1).unbind(0))
 
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
@@ -114,9 +117,7 @@ class Gather(_Rooted):
     ) -> Any:
         import torch.distributed as dist
 
-        n = dist.get_world_size(group)
-        slots = list(out.view(n, -1).unbind(0)) if _rank(group) == self.root else None
-        return dist.gather(inp, slots, group=group, group_dst=self.root, async_op=async_op)
+        return dist.gather(inp, _shares(out, group, self.root), group=group, group_dst=self.root, async_op=async_op)
 
     def sources(self, rank: int, n: int, layout: Layout) -> list[Piece]:
         m = layout.input_numel
@@ -145,9 +146,7 @@ class Scatter(_Rooted):
     ) -> Any:
         import torch.distributed as dist
 
-        n = dist.get_world_size(group)
-        shares = list(inp.view(n, -1).unbind(0)) if _rank(group) == self.root else None
-        return dist.scatter(out, shares, group=group, group_src=self.root, async_op=async_op)
+        return dist.scatter(out, _shares(inp, group, self.root), group=group, group_src=self.root, async_op=async_op)
 
     def sources(self, rank: int, n: int, layout: Layout) -> list[Piece]:
         m = layout.output_numel
