@@ -154,3 +154,13 @@ def test_nothing_fits_says_what_would_and_exits_1(tmp_path: Path, capsys: pytest
     # DDP keeps 16 bytes per parameter of 8B on every GPU: ZeRO-3 shards them
     assert rc == 1 and "would fit: " in err and "--strategies zero3" in err and len(err.strip().splitlines()) == 1
     assert (tmp_path / "plan.csv").exists()  # written before
+
+
+def test_tp_comm_overlap_hides_tp_behind_its_layer() -> None:
+    kw = {"model_preset": "llama3-70b", "gpu": "h100", "tp": 8, "pp": 4, "dp": 4, "global_batch": 64,
+          "sequence_parallel": True, "strategies": ["zero1"]}  # fmt: skip
+    plain = plan_layout(**kw).iloc[0]  # type: ignore[arg-type]
+    over = plan_layout(tp_comm_overlap=True, **kw).iloc[0]  # type: ignore[arg-type]
+    assert over["comm_exposed_s"] < plain["comm_exposed_s"] and over["comm_total_s"] == plain["comm_total_s"]
+    assert "pipelined with the layer's matmuls" in over["comm_exposure"]
+    assert "between the matmuls" in plain["comm_exposure"]

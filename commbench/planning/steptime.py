@@ -94,6 +94,9 @@ class Setup:
     headroom: float = HEADROOM
     attention: str = "flash"
     source_compute: str = ""
+    tp_comm_overlap: bool = False
+    """Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine's userbuffers): TP's all-gathers and reduce-scatters
+    are split and pipelined with the matmuls next to them, so they hide behind the layer's compute."""
 
 
 @dataclass(slots=True)
@@ -112,7 +115,7 @@ def exposure(kind: str, comm: float, window: float, overlap: float | None) -> tu
     """The one place exposure is decided: (exposed seconds of ``comm`` behind ``window`` seconds of compute, why).
 
     * ``tp``: the TP collectives sit between the matrix multiplies that need them: all exposed (Megatron-LM without
-      ``--tp-comm-overlap``);
+      ``--tp-comm-overlap``); ``tp_overlap`` (with it): what exceeds the layer's compute;
     * ``pp``: 1F1B's sends and receives block the schedule: exposed;
     * ``cp``: ring attention sends the next K/V block while the current one is computed: hidden behind the
       layer's attention core;
@@ -134,6 +137,7 @@ def exposure(kind: str, comm: float, window: float, overlap: float | None) -> tu
                "zero3_serial": "DeepSpeed ZeRO-3's gathers and reduce-scatters on the critical path"}[kind]  # fmt: skip
         return comm, f"exposed: {why}"
     return max(0.0, comm - window), {
+        "tp_overlap": "--tp-comm-overlap: pipelined with the layer's matmuls",
         "cp": "hidden behind the layer's attention core",
         "fsdp_fwd": "next layer's gather behind this layer's forward",
         "fsdp_bwd": "gather + reduce-scatter behind this layer's backward",
@@ -271,7 +275,7 @@ def _comm(
         pairs = 4 + (2 if full else 0)
         for k, (a, r) in enumerate(zip((ag.low, ag.mid, ag.high), (rs.low, rs.mid, rs.high), strict=True)):
             comm = pairs * (a + r)
-            e, why = exposure("tp", comm, t_layer(k, 3.0), s.overlap)
+            e, why = exposure("tp_overlap" if s.tp_comm_overlap else "tp", comm, t_layer(k, 3.0), s.overlap)
             ex.per_layer[k] += e
             ex.total_comm[k] += comm * sum(split) / len(split) * p.microbatches
         ex.reasons["tp"], ex.sources["tp"] = why, ag.source
