@@ -12,16 +12,7 @@ from commbench.cli.common import CLIError, csv_list, positive_float, positive_in
 
 def int_list(text: str) -> list[int]:
     """``8`` or ``1,2,4,8``: positive integers."""
-    out = []
-    for t in csv_list(text):
-        try:
-            v = int(t)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected positive integers, e.g. 8 or 1,2,4; got {text!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-        out.append(v)
-    return out
+    return [positive_int(t) for t in csv_list(text)]
 
 
 LAYOUT_FLAGS = ("tp", "pp", "dp", "cp", "vpp", "global_batch", "pp_split")
