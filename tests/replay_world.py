@@ -99,6 +99,7 @@ def replay_in_world(rank: int, n: int, traces: dict[str, str]) -> dict[str, Any]
             "rows": [{k: r[k] for k in keys} for r in res.rows],
             "steps": [(s.precision, s.wire_bytes, s.rel_err_max) for s in res.steps],
             "not_replayed": res.not_replayed,
+            "same_as_trace": res.same_as_trace,
         }
     return out
 

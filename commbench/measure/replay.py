@@ -130,12 +130,16 @@ def own_precision(dtype: str) -> str | None:
     return DTYPE_PRECISIONS.get(dtype)
 
 
-def replayable(call: ReplayCall, backend: str) -> str | None:
-    """Why ``call`` cannot run here (None when it can)."""
+def replayable(call: ReplayCall, sweep: Sweep) -> str | None:
+    """Why ``call`` cannot run here (None when it can). Creates the call's process groups (a collective: every
+    rank asks about the same calls in the same order)."""
     if call.collective not in COLLECTIVES.names():
         return f"{call.collective}: no registered collective (registered: {', '.join(COLLECTIVES.names())})"
     if own_precision(call.dtype) is None:
         return f"{call.collective} {call.dtype}: no precision replays this dtype ({', '.join(DTYPE_PRECISIONS)})"
+    n = sweep.subgroup(call.group).size
+    if sweep.layout(get_collective(call.collective), call.numel * 4, n) is None:
+        return f"{call.collective} of {call.numel} elements: fewer than nccl-tests' layout of it needs on {n} ranks"
     return None
 
 
@@ -157,17 +161,17 @@ def replay(d: Dist, suite: SuiteConfig, calls: Sequence[ReplayCall], precisions:
         if p != TRACE:
             get_precision(p)  # an unknown name: ValueError naming the valid ones, before any collective
     out = Replay()
+    sweep = Sweep(suite, d)
     run: list[ReplayCall] = []
     for c in calls:
         as_name = REPLAY_AS.get(c.collective)
         if as_name is not None and as_name in COLLECTIVES.names():
             c = replace(c, collective=as_name)
-        why = replayable(c, d.backend)
+        why = replayable(c, sweep)
         if why is None:
             run.append(c)
         else:
             out.not_replayed[why] = out.not_replayed.get(why, 0) + 1
-    sweep = Sweep(suite, d)
     distinct: dict[tuple[str, int, str, str], int] = {}
     for c in run:
         key = (c.collective, c.numel, c.dtype, c.group)
