@@ -190,3 +190,73 @@ def test_sigterm_after_pass_1_is_recorded_as_partial(tmp_path: Path) -> None:
     df = commbench.load(out)
     assert len(df) == 4 and df["partial"].all()
     assert "SIGTERM" in commbench.load_metadata(out)["partial"]["reason"]
+
+
+def test_a_stop_mid_call_hands_over_the_exchanged_rounds() -> None:
+    from commbench.measure.timing import PARTIAL_ROUNDS, measure_rounds
+
+    calls = [0]
+
+    def op() -> None:  # one call per sample (k = 1); the 6th call (calibration + 5 rounds) is interrupted
+        calls[0] += 1
+        if calls[0] == 6:
+            raise KeyboardInterrupt("SIGINT")
+
+    def timer(fn: object, k: int) -> float:  # a sample's seconds: 1 ms per call so far (never converging)
+        fn()  # type: ignore[operator]
+        return 0.001 * calls[0]
+
+    kw = dict(warmup=0, min_time_s=0.0, min_iters=1, max_iters=1, max_rounds=100, target_rel_ci=-1.0, budget_s=1e9,
+              exchange_s=0.0, timer=timer)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt) as info:
+        measure_rounds([[op]], min_rounds=1, **kw)  # type: ignore[arg-type]
+    cut = getattr(info.value, PARTIAL_ROUNDS)
+    # every round was exchanged as it ended (exchange_s 0): the 4 before the interrupted 5th, one rank
+    assert cut.rounds == 4 and cut.samples == ((((0.002, 0.003, 0.004, 0.005),),),) and not cut.converged
+    # continuing a prior pass: its rounds and the new exchanged ones
+    calls[0] = 1  # no calibration with a prior: the 5th new round's call is the 6th
+    with pytest.raises(KeyboardInterrupt) as info:
+        measure_rounds([[op]], min_rounds=1, prior=cut, **kw)  # type: ignore[arg-type]
+    assert getattr(info.value, PARTIAL_ROUNDS).rounds == 4 + 4
+    # stopped before any exchange of new rounds: nothing to hand over
+    calls[0] = 5
+    with pytest.raises(KeyboardInterrupt) as info:
+        measure_rounds([[op]], min_rounds=1, prior=cut, **kw)  # type: ignore[arg-type]
+    assert not hasattr(info.value, PARTIAL_ROUNDS)
+
+
+def test_a_pass_cut_short_is_journaled_incomplete_and_resumed_where_it_stopped(tmp_path: Path) -> None:
+    from commbench.cli.sweep_run import _visit
+    from commbench.measure.passes import PARTIAL_STATE
+
+    full = _rounds([[[[1.0, 1.1], [1.0, 1.1]]]], [[0.0, 0.0], [0.0, 0.0]], 0.2)
+    cut = _rounds([[[[1.0, 1.1, 1.2], [1.0, 1.1, 1.2]]]], [[0.0] * 3, [0.0] * 3], 0.3)
+    done = GroupState([_check()], full, [1024], [False], [0], passes=1)
+
+    class Stopped(_NoMeasure):
+        def sample_group(self, *args: object) -> None:
+            e = KeyboardInterrupt("SIGINT")
+            setattr(e, PARTIAL_STATE, GroupState([_check()], cut, [1024], [False], [0], passes=1))
+            raise e
+
+    class Group:
+        points = [(0, type("P", (), {"precision": type("Q", (), {"name": "fp32"})()})())]
+
+    w = RunWriter(tmp_path / "run")
+    w.write_metadata({"schema_version": 2})
+    key = group_key("all_reduce", "world", 1024, "normal")
+    w.append_journal("passes", [pass_entry(key, ["fp32"], done, None, 0, 3)])
+    sweep = Stopped()
+    with pytest.raises(KeyboardInterrupt):
+        _visit(sweep, w, None, key, Group(), {0}, done, 1, quiet=True)  # type: ignore[arg-type]
+    rows = read_journal(tmp_path / "run" / "passes.jsonl")
+    assert [(r["pass"], r["complete"], r["rounds"]) for r in rows] == [(0, True, 2), (1, False, 1)]
+    assert sweep.finished == (1, True)  # the provisional rows from every round so far
+    got = restore(rows, {key: ["fp32"]})[key]
+    assert got.passes == 1 and got.rounds.rounds == 3  # pass 2 is measured again, continuing its exchanged round
+    # the rest of pass 2, journaled when it completes, follows the cut entry
+    rest = _rounds([[[[1.0, 1.1, 1.2, 1.3], [1.0, 1.1, 1.2, 1.3]]]], [[0.0] * 4, [0.0] * 4], 0.4)
+    after = GroupState([_check()], rest, [1024], [False], [0], passes=2)
+    rows.append(pass_entry(key, ["fp32"], after, got.rounds, 1, 3))
+    again = restore(rows, {key: ["fp32"]})[key]
+    assert again.passes == 2 and again.rounds.samples == rest.samples and again.rounds.elapsed_s == pytest.approx(0.4)

@@ -20,7 +20,11 @@ from commbench.core import stats
 from commbench.measure.check import Check
 from commbench.measure.timing import Rounds
 
-__all__ = ["GroupState", "group_key", "pass_entry", "pass_line", "restore"]
+__all__ = ["PARTIAL_STATE", "GroupState", "group_key", "pass_entry", "pass_line", "restore"]
+
+PARTIAL_STATE = "commbench_partial_state"
+"""Attribute of an exception that stopped a pass after some rounds were exchanged: the group's :class:`GroupState`
+with them (its ``passes`` not counting the stopped pass), for the journal (``complete`` false)."""
 
 KEY_FIELDS = ("collective", "group", "fp32_bytes", "payload")
 """What names a group in the journal (its precisions are listed in each entry)."""
@@ -46,15 +50,18 @@ def group_key(collective: str, kind: str, fp32_bytes: int, payload: str) -> tupl
 
 
 def pass_entry(
-    key: tuple[Any, ...], names: Sequence[str], state: GroupState, prior: Rounds | None, pass_index: int, passes: int
-) -> dict[str, Any]:
+    key: tuple[Any, ...], names: Sequence[str], state: GroupState, prior: Rounds | None, pass_index: int, passes: int,
+    *, complete: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     """The journal row of pass ``pass_index`` of the group ``key``: the rounds ``state`` holds beyond ``prior``
-    (the state before this pass), the contenders' names, k, checks, wire bytes."""
+    (the state before this pass), the contenders' names, k, checks, wire bytes; ``complete`` false for a pass a
+    stop cut short (its exchanged rounds count, and --resume runs the rest of that pass)."""
     r = state.rounds
     first = prior.rounds if prior is not None else 0
     return {
         **dict(zip(KEY_FIELDS, key, strict=True)),
         "pass": pass_index,
+        "complete": complete,
         "passes": passes,
         "precisions": list(names),
         "iters": [list(c) for c in r.iters],
@@ -96,7 +103,7 @@ def _replay(entries: Sequence[Mapping[str, Any]], names: list[str]) -> GroupStat
     for e in sorted(entries, key=lambda e: int(e["pass"])):
         expect = state.passes if state is not None else 0
         if int(e["pass"]) < expect:  # a pass journaled twice (a run resumed before its journal was read): the first
-            continue
+            continue  # (a pass cut short leaves ``expect`` at its own index: the rest of it follows)
         if int(e["pass"]) > expect:  # a gap: the passes after it are measured again
             break
         precs = [str(p) for p in e["precisions"]]
@@ -124,7 +131,8 @@ def _replay(entries: Sequence[Mapping[str, Any]], names: list[str]) -> GroupStat
         )  # fmt: skip
         state = GroupState(
             checks=[Check(**c) for c in e["checks"]], rounds=r, wire_bytes=[int(b) for b in e["wire_bytes"]],
-            has_codec=[bool(h) for h in e["has_codec"]], live=[names.index(p) for p in precs], passes=int(e["pass"]) + 1,
+            has_codec=[bool(h) for h in e["has_codec"]], live=[names.index(p) for p in precs],
+            passes=int(e["pass"]) + (1 if e.get("complete", True) else 0),
         )  # fmt: skip
     return state
 

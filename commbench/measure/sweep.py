@@ -38,10 +38,18 @@ from commbench.measure import console
 from commbench.measure.check import Check, check_group, load_inputs, payload_source
 from commbench.measure.collectives import Collective, Layout, get_collective
 from commbench.measure.groups import SubGroup, build, get_group_kind, unusable
-from commbench.measure.passes import GroupState
+from commbench.measure.passes import PARTIAL_STATE, GroupState
 from commbench.measure.precision import Precision, Unsupported, get_precision
 from commbench.measure.raw_codec import NAME as ALGORITHM_BASELINE
-from commbench.measure.timing import Rounds, Stats, bandwidth_gbps, graph_note, measure_rounds, sample_timer
+from commbench.measure.timing import (
+    PARTIAL_ROUNDS,
+    Rounds,
+    Stats,
+    bandwidth_gbps,
+    graph_note,
+    measure_rounds,
+    sample_timer,
+)
 
 BASELINE = "fp32"
 """Every gain is against this precision at the same size (when the suite runs it)."""
@@ -314,30 +322,36 @@ class Sweep:
             phases.append([op.encode, comm, op.decode] if op.has_codec else [comm])
         t = suite.timing
         total_rounds = max(t.max_samples, t.repeats)
-        rounds = measure_rounds(
-            phases,
-            warmup=t.warmup,
-            min_time_s=t.min_time_s,
-            min_iters=t.min_iters,
-            max_iters=t.max_iters,
-            # by the end of pass p: at least its share of the repeats, at most its share of the rounds; every pass
-            # takes its share of the repeats (even after the interval is reached) and at most its share of the budget
-            min_rounds=math.ceil(t.repeats * (pass_index + 1) / t.passes),
-            max_rounds=math.ceil(total_rounds * (pass_index + 1) / t.passes),
-            min_new_rounds=math.ceil(t.repeats / t.passes),
-            target_rel_ci=t.target_ci,
-            budget_s=t.budget_s / t.passes,
-            gather=d.gather_floats,
-            sync=d.sync,
-            agree=d.agree_max,
-            barrier=d.barrier,
-            prior=None if state is None else state.rounds,
-            gap=compute_gap(d.device, t.gap_s, d.sync) if t.mode == "isolated" else None,
-            timer=sample_timer(d, t.device_timer, t.cuda_graph),
-        )
-        return GroupState(checks=checks, rounds=rounds, wire_bytes=[op.wire_bytes for op in ops],
-                          has_codec=[op.has_codec for op in ops], live=live,
-                          passes=1 if state is None else state.passes + 1)  # fmt: skip
+        wire_bytes, has_codec = [op.wire_bytes for op in ops], [op.has_codec for op in ops]
+        passes_before = 0 if state is None else state.passes
+        try:
+            rounds = measure_rounds(
+                phases,
+                warmup=t.warmup,
+                min_time_s=t.min_time_s,
+                min_iters=t.min_iters,
+                max_iters=t.max_iters,
+                # by the end of pass p: at least its share of the repeats, at most its share of the rounds; every pass
+                # takes its share of the repeats (even after the interval is reached) and at most its share of the budget
+                min_rounds=math.ceil(t.repeats * (pass_index + 1) / t.passes),
+                max_rounds=math.ceil(total_rounds * (pass_index + 1) / t.passes),
+                min_new_rounds=math.ceil(t.repeats / t.passes),
+                target_rel_ci=t.target_ci,
+                budget_s=t.budget_s / t.passes,
+                gather=d.gather_floats,
+                sync=d.sync,
+                agree=d.agree_max,
+                barrier=d.barrier,
+                prior=None if state is None else state.rounds,
+                gap=compute_gap(d.device, t.gap_s, d.sync) if t.mode == "isolated" else None,
+                timer=sample_timer(d, t.device_timer, t.cuda_graph),
+            )
+        except BaseException as e:  # stopped mid-pass: what every rank exchanged goes with it, as a state
+            cut = getattr(e, PARTIAL_ROUNDS, None)
+            if cut is not None:
+                setattr(e, PARTIAL_STATE, GroupState(checks, cut, wire_bytes, has_codec, live, passes_before))
+            raise
+        return GroupState(checks, rounds, wire_bytes, has_codec, live, passes_before + 1)
 
     def _skip(self, pt: Point, kind: str, reason: str) -> None:
         """Record (and on rank 0 print) a point its precision refused at run time, once per (precision,

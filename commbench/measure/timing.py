@@ -301,22 +301,34 @@ def measure_rounds(
     # a stop is allowed, later ones one block (about exchange_s of rounds) apart
     test_at = min(max(min_rounds, first + min_new_rounds, first + 1), max(max_rounds, first + 1))
     block: list[float] = []
-    while True:
-        block.extend(_round(contenders, iters, log.rounds, barrier=barrier, clock=clock, gap=gap, sync=sync, timer=timer))
-        log.rounds += 1
-        if log.rounds < test_at:
-            continue
-        per_rank = gather(block + [clock() - t0])
-        block = []
-        elapsed = max(r[-1] for r in per_rank)
-        log.add(per_rank)
-        if log.rounds >= min_rounds and log.rounds - first >= min_new_rounds:
-            result = log.result(iters, False, elapsed)
-            log.converged = all(width_of(result.per_sample_total(c)) <= target_rel_ci for c in range(len(contenders)))
-            if log.converged or elapsed >= budget_s or log.rounds >= max_rounds:
-                break
-        test_at = _next_test(log.rounds, first, elapsed, exchange_s, max_rounds)
+    try:
+        while True:
+            block.extend(_round(contenders, iters, log.rounds, barrier=barrier, clock=clock, gap=gap, sync=sync, timer=timer))
+            log.rounds += 1
+            if log.rounds < test_at:
+                continue
+            per_rank = gather(block + [clock() - t0])
+            block = []
+            elapsed = max(r[-1] for r in per_rank)
+            log.add(per_rank)
+            if log.rounds >= min_rounds and log.rounds - first >= min_new_rounds:
+                result = log.result(iters, False, elapsed)
+                log.converged = all(width_of(result.per_sample_total(c)) <= target_rel_ci for c in range(len(contenders)))
+                if log.converged or elapsed >= budget_s or log.rounds >= max_rounds:
+                    break
+            test_at = _next_test(log.rounds, first, elapsed, exchange_s, max_rounds)
+    except BaseException as e:
+        # a stop mid-call (Ctrl-C, SIGTERM, a failed peer): the rounds every rank exchanged so far leave with it
+        if log.acc is not None and log.exchanged > first:
+            setattr(e, PARTIAL_ROUNDS, log.cut(iters, elapsed))
+        raise
     return log.result(iters, log.converged, elapsed)
+
+
+PARTIAL_ROUNDS = "commbench_partial_rounds"
+"""Attribute of an exception that stopped :func:`measure_rounds` after at least one exchange of new rounds: the
+:class:`Rounds` so far (the prior pass's and the exchanged new ones; the rounds of the block in flight are lost,
+being on one rank only), so the sweep can journal them (:mod:`commbench.cli.sweep_run`)."""
 
 
 def _median_rel_half_width(xs: Sequence[float]) -> float:
@@ -443,6 +455,16 @@ class _Log:
                         self.acc[c][p][r].append(vals[i])
                         i += 1
                 self.waits[r].append(vals[i])
+
+    @property
+    def exchanged(self) -> int:
+        """Rounds every rank holds (the prior pass's and those exchanged since)."""
+        return len(self.waits[0]) if self.waits else 0
+
+    def cut(self, iters: tuple[tuple[int, ...], ...], elapsed: float) -> Rounds:
+        """The exchanged rounds, as a call stopped in the middle leaves them (not converged)."""
+        assert self.acc is not None
+        return _rounds(iters, self.acc, self.waits, self.exchanged, False, self.before + elapsed, self.across)
 
     def result(self, iters: tuple[tuple[int, ...], ...], converged: bool, elapsed: float) -> Rounds:
         assert self.acc is not None  # the loop exchanges before it can stop
