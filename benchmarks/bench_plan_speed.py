@@ -47,8 +47,8 @@ def main() -> int:
          lambda: plan_layout(model_preset="llama3-8b", layers=9600, tp=8, pp=64, dp=2, nodes=128)),
         ("flat plan, --layers 9600 (7 strategies x 3 precisions)", 2.0,
          lambda: plan(model_preset="llama3-8b", layers=9600, gpu="h100", nodes=8)),
-        ("search, gpt3-175b on 1536 and 3072 GPUs (every TP, PP; vpp 1-2; mb 1-4; 7 strategies; 2 precisions)", 10.0,
-         lambda: search(model_preset="gpt3-175b", gpu="a100", gpus=[1536, 3072], micro_batch=[1, 2, 4])),
+        ("search, gpt3-175b on 768, 1536, 3072 GPUs (every TP, PP; vpp 1-2; mb 1-4; 7 strategies; 2 precisions)", 10.0,
+         lambda: search(model_preset="gpt3-175b", gpu="a100", gpus=[768, 1536, 3072], micro_batch=[1, 2, 4])),
     ]  # fmt: skip
     print("| case | layouts | seconds | target | ratio |\n|---|---|---|---|---|")
     for name, target, fn in cases:

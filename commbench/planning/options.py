@@ -69,6 +69,12 @@ OPTIMIZERS: dict[str, Optimizer] = {
 
 
 
+@functools.lru_cache(maxsize=16)
+def _itemsize(dtype_name: str) -> float:
+    """Bytes per element of a torch dtype, by name (asked often by the search: looked up once)."""
+    return float(torch_dtype(dtype_name).itemsize)
+
+
 @dataclass(frozen=True, slots=True)
 class PlanPrecision:
     """A plan precision: the training dtypes it maps to; the model-state layout it keeps follows from them."""
@@ -86,7 +92,7 @@ class PlanPrecision:
 
     @property
     def param_bytes(self) -> float:
-        return float(torch_dtype(self.param_dtype_name).itemsize)
+        return _itemsize(self.param_dtype_name)
 
     @property
     def grad_bytes(self) -> float:
@@ -95,7 +101,7 @@ class PlanPrecision:
     @property
     def master_bytes(self) -> float:
         """fp32 master weights kept next to low-precision parameters (sharded like optimizer state)."""
-        fp32 = float(torch_dtype(FP32).itemsize)
+        fp32 = _itemsize(FP32)
         return fp32 if self.param_bytes < fp32 else 0.0
 
     @property

@@ -186,26 +186,33 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
     peak = g.peak("bfloat16" if prec.param_bytes < 4 else "float32")
     per_gpu = tokens_mb / (p.tp * p.cp)
     layer_hw = f.layer_passes(p.recompute)
-    stage_flops = [split[i] * layer_hw + (3.0 * f.logits if i == pp - 1 else 0.0) for i in range(pp)]
-    hw_step = sum(stage_flops) * tokens_mb * mbs * p.dp  # hardware FLOPs of the whole step
+    head_hw = 3.0 * f.logits  # the logits, on the last stage
+    total_hw = m.layers * layer_hw + head_hw
+    hw_step = total_hw * tokens_mb * mbs * p.dp  # hardware FLOPs of the whole step
     model_step = f.model_per_token(m.layers) * tokens_mb * mbs * p.dp
-    effs = _efficiencies(s, stage_flops, per_gpu, mbs, peak)
+    effs = _efficiencies(s, total_hw / pp, per_gpu, mbs, peak)
 
     ex = _comm(s, p, f, split, pricer, per_gpu, peak, effs)
     traffic = _layer_traffic(s, p)
     passes = layer_hw / f.layer
+    # the slowest stage is the fullest of the others or the last (it adds the logits): two candidates, any pp
+    fullest = max(split[:-1]) if pp > 1 else 0
     times = []
     for k in range(3):
         elementwise = passes * traffic / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k]) if s.compute_ms is None else 0.0
-        c = [x * per_gpu / (peak * effs[k]) + split[i] * elementwise for i, x in enumerate(stage_flops)]
-        stage_t = [c[i] + split[i] * ex.per_layer[k] + ex.per_mb[k] for i in range(pp)]
-        i_max = max(range(pp), key=stage_t.__getitem__)
-        mean_c = sum(c) / pp
+        per_layer_c = layer_hw * per_gpu / (peak * effs[k]) + elementwise
+        head_c = head_hw * per_gpu / (peak * effs[k])
+        stages = [(split[-1] * per_layer_c + head_c, split[-1])]
+        if pp > 1:
+            stages.append((fullest * per_layer_c, fullest))
+        c_max, n_max = max(stages, key=lambda t: t[0] + t[1] * ex.per_layer[k])
+        stage_t = c_max + n_max * ex.per_layer[k] + ex.per_mb[k]
+        mean_c = (m.layers * per_layer_c + head_c) / pp
         opt = _optimizer_s(s, p, m, split, k)
         fill = (pp - 1) / v  # the fill and drain idle the slowest stage for this many of its micro-batch times
-        exposed = mbs * (split[i_max] * ex.per_layer[k] + ex.per_mb[k]) + ex.per_step[k]
+        exposed = mbs * (n_max * ex.per_layer[k] + ex.per_mb[k]) + ex.per_step[k]
         times.append({
-            "compute_s": mbs * mean_c, "imbalance_s": mbs * (c[i_max] - mean_c), "bubble_s": fill * stage_t[i_max],
+            "compute_s": mbs * mean_c, "imbalance_s": mbs * (c_max - mean_c), "bubble_s": fill * stage_t,
             "comm_exposed_s": exposed, "optimizer_s": opt,
         })  # fmt: skip
     steps = [sum(t.values()) for t in times]
@@ -237,12 +244,12 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
     return row
 
 
-def _efficiencies(s: Setup, stage_flops: list[float], per_gpu: float, mbs: int, peak: float) -> tuple[float, ...]:
+def _efficiencies(s: Setup, mean_stage: float, per_gpu: float, mbs: int, peak: float) -> tuple[float, ...]:
     """Kernel efficiency at the interval's fast end, the point and the slow end; a measured ``compute_ms`` gives
     the one efficiency it implies (compute per step = the mean stage's FLOPs at it)."""
     lo, mid, hi = s.kernel_efficiency
     if s.compute_ms is not None:
-        e = mbs * sum(stage_flops) / len(stage_flops) * per_gpu / (peak * s.compute_ms / 1e3)
+        e = mbs * mean_stage * per_gpu / (peak * s.compute_ms / 1e3)
         return (e, e, e)
     return (hi, mid, lo)
 
