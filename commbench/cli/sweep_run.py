@@ -4,7 +4,7 @@ Every pass visits the whole grid and adds its share of rounds to each group (:mo
 After each group's pass, rank 0 journals the pass's rounds (``passes.jsonl``, :mod:`commbench.measure.passes`) and
 writes the group's rows: provisional ones (``partial``) after every pass but the last, with a console line of the
 current estimates; the final rows (the nccl-tests table) after the last. So a Ctrl-C, a SIGTERM or a failed rank at
-any point keeps every pass that finished; the report can be drawn from what is there (``metadata.json`` says
+any point keeps every pass that finished, and the exchanged rounds of the pass it cut short (an incomplete entry); the report can be drawn from what is there (``metadata.json`` says
 ``partial`` and why); and ``--resume`` rebuilds each unfinished group from the journal and measures only the passes
 it lacks (a size whose passes are all journaled is not measured again). At ``--passes 1`` a size's rows print as
 it finishes, like nccl-tests.
