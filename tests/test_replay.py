@@ -171,6 +171,12 @@ def test_cpu_trace_has_no_exposure(tmp_path: Path) -> None:
     assert exposure(read_trace(_write(tmp_path, _doc(ev))), 0) is None
 
 
+def test_unknown_precision_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(FIXTURE), "--precisions", "trace,bf17"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bf17" in err[0] and "bf16" in err[0]
+
+
 def test_dry_run_prints_the_step(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(FIXTURE), "--dry-run"]) == 0
     out = capsys.readouterr().out

@@ -112,7 +112,11 @@ def plan_calls(traces: list[Trace], step: int, world: int) -> tuple[list[TraceCa
 
 def cmd_replay(args: argparse.Namespace, argv: list[str]) -> int:
     from commbench.cluster.launch import RankFailure, check_local_nproc, detect_world, resolve_backend, spawn_local
+    from commbench.measure.precision import get_precision
 
+    for p in args.precisions:
+        if p != "trace":
+            get_precision(p)  # an unknown name: one line naming the valid ones, before anything is read or spawned
     traces, step = _read(args)
     if detect_world() is not None:
         return replay_worker(args, traces, step)
