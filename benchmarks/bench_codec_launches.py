@@ -6,6 +6,10 @@ uninitialised allocations. Prints, at worlds 2, 4 and 8:
 
 - ops per encode and per decode of one wire of n chunks (the ``ChunkWire`` of ``commbench.measure.chunked``, packed
   and split layouts), and
+- bytes read + written per element of one wire (encode / decode / decode + the fp32 sum of the n chunks), on the
+  eager path (every dispatched op's tensor arguments and outputs, :class:`commbench.measure.opcount.ByteCounter`)
+  and on the fused path (the compiled graphs' inputs and outputs, ``torch.compile`` through inductor's C++ backend
+  here, Triton on CUDA; the graphs are the same), against the targets encode <= 10, decode <= 5 B per element;
 - ops per fp8 all_reduce / all_gather / reduce_scatter: the chunked op's load + encode + comm-side local work
   (all_reduce's reduce and re-encode between its two transfers) + decode, with the collective calls counted
   apart. No world is needed: the op objects are built with world size and rank patched in, and the
@@ -14,7 +18,9 @@ uninitialised allocations. Prints, at worlds 2, 4 and 8:
 Works against any checkout with the same chunked-op API: ``PYTHONPATH=/tmp/base python
 benchmarks/bench_codec_launches.py`` measures the code before a change.
 
-    python benchmarks/bench_codec_launches.py [--m 4096] [--worlds 2 4 8]
+    python benchmarks/bench_codec_launches.py [--m 4096] [--worlds 2 4 8] [--no-fused]
+
+The fused graphs compile on first use (a few seconds each, inductor's cache makes a rerun fast).
 """
 
 from __future__ import annotations
@@ -71,6 +77,21 @@ def wire_counts(codec: Any, n: int, m: int, packed: bool) -> tuple[int, int, int
     return count(enc), count(dec), count(red)
 
 
+def wire_bytes(codec: Any, n: int, m: int, packed: bool) -> tuple[float, float, float]:
+    """Bytes read + written per element (of the n chunks) by encode, decode and decode+sum of one wire, on
+    whichever path runs (dispatched ops plus fused graphs' inputs and outputs: ``opcount.moved_bytes``)."""
+    from commbench.measure import chunked
+    from commbench.measure.opcount import moved_bytes
+
+    w = chunked.ChunkWire(codec, n, m, torch.device("cpu"), packed)
+    x, y, acc = torch.randn(n * m), torch.empty(n * m), torch.empty(m)
+    calls = (lambda: w.encode_chunks(x), lambda: w.decode_chunks(y), lambda: w.decode_chunks(acc, reduce=True))
+    for fn in calls:
+        fn()  # warm: scratch and, on the fused path, the compile
+    e, d, r = (sum(moved_bytes(fn)) / (n * m) for fn in calls)
+    return e, d, r
+
+
 def op_counts(codec: Any, coll: str, n: int, total: int, packed: bool) -> dict[str, int]:
     """Compute ops per phase and collective calls of one chunked collective at world n (rank 0)."""
     from commbench.measure import chunked
@@ -110,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m", type=int, default=4096, help="elements per chunk (default 4096)")
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--codecs", nargs="+", default=["fp8_e4m3", "fp8_e5m2", "fp8_e4m3:block128", "fp8_e5m2:none"])
+    ap.add_argument("--no-fused", action="store_true", help="skip the fused (compiled) path's byte counts")
     args = ap.parse_args(argv)
 
     from commbench.measure import fp8
@@ -126,6 +148,30 @@ def main(argv: list[str] | None = None) -> int:
             cells = [wire_counts(codec, n, args.m, packed) for n in args.worlds]
             row = "".join(f"{f'{e} / {d} / {r}':>16}" for e, d, r in cells)
             print(f"{name:<20} {'packed' if packed else 'split':<7}{row}")
+    has_bytes = hasattr(fp8, "use_fused")  # the code before the fused codec counts eager bytes only
+    paths = ["eager"] + (["fused"] if has_bytes and not args.no_fused else [])
+    print("\nbytes read + written per element, packed wire: encode / decode / decode+sum (targets fused: <= 10 / <= 5 + scales)")
+    print(f"{'codec':<20} {'path':<7}" + "".join(f"{'n=' + str(n):>22}" for n in args.worlds))
+    for name in args.codecs:
+        codec = get_codec(name)
+        for path in paths:
+            if has_bytes:
+                fp8.use_fused(path == "fused")
+            cells = [wire_bytes(codec, n, args.m, True) for n in args.worlds]
+            row = "".join(f"{f'{e:.2f} / {d:.2f} / {r:.2f}':>22}" for e, d, r in cells)
+            note = ""
+            if path == "fused":
+                ok = all(e <= 10 + 0.1 and d <= 5 + 0.1 for e, d, _ in cells)  # + the scales' 4 B per block
+                note = "  ok" if ok else "  ABOVE TARGET"
+                if fp8.compile_report()["fallback"]:
+                    note = f"  (fused unavailable: {fp8.compile_report()['fallback']})"
+            print(f"{name:<20} {path:<7}{row}{note}")
+    if has_bytes:
+        fp8.use_fused(None)
+        print(
+            "fused: the graphs' inputs and outputs (what one kernel moves); one scale per tensor needs the chunk's amax"
+            " before its codes, so on a GPU that encode reads x twice: +4 B/element"
+        )
     print(
         "\nper collective (packed layout, as the sweep): compute ops load+encode+comm+decode = total, [collective calls]"
     )

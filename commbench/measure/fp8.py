@@ -201,12 +201,15 @@ def _encode_rows(
     import torch
 
     if fused_on(x.device):
-        to = dest if dest is not None else fp8_eager.f32_view(wire_scales)
+        # the scales go to a float32 tensor (a graph cannot write through a float view of the wire's bytes:
+        # aot_autograd refuses input mutations of views of another dtype), then into the wire's bytes (4 bytes
+        # per block: a small copy)
+        to = dest
         if sc.scaled and to is None:
             assert home is not None  # quantize() always has dest; quantize_chunks passes home
             to = home[:, : sc.num_scales(x.shape[1])]
         if fused.encode_rows(x, codes, to, f, sc):
-            if wire_scales is not None and to is not None and to.data_ptr() != wire_scales.data_ptr():
+            if wire_scales is not None and to is not None:
                 wire_scales.copy_(to[:, : wire_scales.shape[1] // 4].contiguous().view(torch.uint8))
             return
     fp8_eager.encode_rows(x, codes, f, sc, dest, wire_scales, workspace)

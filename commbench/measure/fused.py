@@ -62,6 +62,10 @@ _GRAPHS: dict[tuple[Any, ...], Graph] = {}
 COMPILE_S: dict[tuple[Any, ...], float] = {}
 """Seconds each graph's first call took (compiling it, then one run), by key."""
 
+IO: dict[str, int] = {"read": 0, "written": 0}
+"""Bytes the graphs' inputs and outputs cover, summed over every call (what one fused kernel would move; the
+counterpart of :class:`commbench.measure.opcount.ByteCounter` for the compiled path)."""
+
 _failed: str | None = None
 _noted = False
 
@@ -129,6 +133,7 @@ def reset(enabled: bool = True) -> None:
     _GRAPHS.clear()
     COMPILE_S.clear()
     _REASON.clear()
+    IO.update(read=0, written=0)
     _failed = None if enabled else f"disabled by {ENV}=0"
     _noted = False
 
@@ -141,9 +146,10 @@ def _layout(t: torch.Tensor | None) -> tuple[Any, ...] | None:
     )
 
 
-def _run(key: tuple[Any, ...], build: Callable[[], Graph], *args: torch.Tensor | None) -> bool:
-    """Run the graph of ``key`` (compiling it first on its first call) on ``args``; False when the fused path is
-    unavailable or compiling fails (then it stays off for this process, said once, and the caller runs eager)."""
+def _run(key: tuple[Any, ...], build: Callable[[], Graph], reads: int, *args: torch.Tensor | None) -> bool:
+    """Run the graph of ``key`` (compiling it first on its first call) on ``args``, of which the first ``reads``
+    are read and the others written; False when the fused path is unavailable or compiling fails (then it stays
+    off for this process, said once, and the caller runs eager)."""
     global _failed
     if _failed is not None:
         return False
@@ -164,9 +170,14 @@ def _run(key: tuple[Any, ...], build: Callable[[], Graph], *args: torch.Tensor |
             fn.__closure__,
         )
         graph = torch.compile(fresh, dynamic=False, fullgraph=True)
+    from torch.utils._python_dispatch import _disable_current_modes
+
     t0 = time.perf_counter()
     try:
-        graph(*args)
+        # a dispatch mode (a counter) would make dynamo trace the graph again under it: the graph runs without
+        # it, and its inputs and outputs are counted in IO instead
+        with _disable_current_modes():
+            graph(*args)
     except Exception as e:  # noqa: BLE001  # any compiler failure: the eager path gives the same bits
         _failed = f"torch.compile failed: {type(e).__name__}: {e}".splitlines()[0][:300]
         note(_failed)
@@ -174,6 +185,10 @@ def _run(key: tuple[Any, ...], build: Callable[[], Graph], *args: torch.Tensor |
     if first:
         COMPILE_S[full] = time.perf_counter() - t0
         _GRAPHS[full] = graph
+    from commbench.measure.opcount import footprint
+
+    IO["read"] += sum(footprint(a) for a in args[:reads] if a is not None)
+    IO["written"] += sum(footprint(a) for a in args[reads:] if a is not None)
     return True
 
 
@@ -255,7 +270,7 @@ def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | Non
 
         return fp8_encode
 
-    return _run(("enc", f.name, sc.name, run), build, x, codes, scales if scaled else None)
+    return _run(("enc", f.name, sc.name, run), build, 1, x, codes, scales if scaled else None)
 
 
 def decode_rows(
@@ -292,4 +307,4 @@ def decode_rows(
 
         return fp8_decode
 
-    return _run(("dec", f.name, sc.name, run, reduce), build, codes, scales if scaled else None, out)
+    return _run(("dec", f.name, sc.name, run, reduce), build, 2, codes, scales if scaled else None, out)
