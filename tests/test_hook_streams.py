@@ -310,7 +310,8 @@ def _ddp(hooks: ModuleType, codec: str, mode: str) -> dict[str, Any]:
         return inner(state, bucket)  # type: ignore[no-any-return]
 
     ddp.register_comm_hook(None, recording)
-    out: dict[str, Any] = {"buckets": [], "launches": [], "mismatch": []}
+    out: dict[str, Any] = {"buckets": [], "launches": [], "mismatch": [], "held": [], "one_op_per_bucket": []}
+    reducer = getattr(inner, "reducer", None)  # the hook of OLD_REV has none
     for step in range(3):
         seen.clear()
         model.zero_grad(set_to_none=True)
@@ -323,6 +324,14 @@ def _ddp(hooks: ModuleType, codec: str, mode: str) -> dict[str, Any]:
             want = _reference(codec, local)
             grads = torch.cat([p.grad.flatten() for p in params])  # type: ignore[union-attr]
             out["mismatch"].append(_mismatch(grads, want))
+        if reducer is not None:
+            from commbench.measure.chunked import ChunkedAllReduce
+
+            out["held"].append(reducer.held_bytes())
+            # the reference: the buffers of exactly one fresh op per bucket of this step's layout
+            fresh = [ChunkedAllReduce(reducer.codec, local.numel(), None, local.device, packed=False,
+                                      gather_by_all_to_all=False) for local, _ in seen]  # fmt: skip
+            out["one_op_per_bucket"].append(sum(hooks.tensor_bytes(op) for op in fresh))
     return out
 
 
@@ -482,3 +491,7 @@ def test_ddp_gradients_are_bit_identical_to_the_synchronous_reference(ddp: list[
             assert r["buckets"][0] == 1 and min(r["buckets"][1:]) >= 3, (key, r["buckets"])  # rebuilt: several
             assert all(k >= 2 * b for k, b in zip(r["launches"], r["buckets"], strict=True)), r["launches"]
             assert r["mismatch"] and all(v == 0 for v in r["mismatch"]), (key, r["mismatch"])
+            # what the hook holds follows DDP's current layout: one op per bucket, the first step's whole-model
+            # slot freed once the buckets were rebuilt, and constant from then on (issue 34: was 16 -> 32 B/param)
+            assert r["held"] == r["one_op_per_bucket"], (key, r["held"], r["one_op_per_bucket"])
+            assert r["held"][1] == r["held"][2] < r["held"][0] + r["held"][1], (key, r["held"])

@@ -195,7 +195,7 @@ def test_gpu_link_asks_nvml_as_documented(monkeypatch: pytest.MonkeyPatch) -> No
         nv.__dict__.update(
             NVML_FEATURE_ENABLED=1, NVML_NVLINK_MAX_LINKS=18, NVMLError=NVMLError, calls=calls,
             nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
-            nvmlDeviceGetHandleByIndex=lambda i: ("gpu", i), nvmlDeviceGetArchitecture=lambda h: arch,
+            nvmlDeviceGetHandleByUUID=lambda u: ("gpu", u), nvmlDeviceGetArchitecture=lambda h: arch,
             nvmlDeviceGetNvLinkState=state, nvmlDeviceGetMaxPcieLinkGeneration=lambda h: gen,
             nvmlDeviceGetCurrPcieLinkWidth=lambda h: width,
         )  # fmt: skip
@@ -203,10 +203,10 @@ def test_gpu_link_asks_nvml_as_documented(monkeypatch: pytest.MonkeyPatch) -> No
 
     h100 = fake(9, 18, 5, 16)
     monkeypatch.setitem(sys.modules, "pynvml", h100)
-    assert gpu_link(0) == (450.0, "18 × NVLink (hopper, 25 GB/s each)")
+    assert gpu_link("GPU-0") == (450.0, "18 × NVLink (hopper, 25 GB/s each)")
     assert h100.calls == ["init", "shutdown"]
     monkeypatch.setitem(sys.modules, "pynvml", fake(8, 0, 4, 16))  # an Ada GPU on PCIe gen4 x16
-    rate, label = gpu_link(0)
+    rate, label = gpu_link("GPU-0")
     assert label == "PCIe gen4 x16" and rate == pytest.approx(16 * 128 / 130 / 8 * 16, rel=1e-3)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
-    assert gpu_link(0)[0] is None
+    assert gpu_link("GPU-0")[0] is None

@@ -237,39 +237,40 @@ def gpu_link_gbps(arch: str | None, nvlinks: int, pcie_gen: int | None, pcie_wid
     return None, "GPU link unknown (no NVML)"
 
 
-def gpu_link(index: int) -> tuple[float | None, str]:
-    """:func:`gpu_link_gbps` of local GPU ``index`` as NVML reports it (architecture, NVLinks whose state is
-    active, PCIe generation the GPU supports and the width it trained at); (None, why) where NVML cannot say."""
-    try:
-        import pynvml as nv
+def gpu_link(uuid: str | None, pci_bus_id: str | None = None) -> tuple[float | None, str]:
+    """:func:`gpu_link_gbps` of the GPU with ``uuid`` (or ``pci_bus_id``; a MIG device's parent GPU) as NVML reports
+    it (architecture, NVLinks whose state is active, PCIe generation the GPU supports and the width it trained at);
+    (None, why) where NVML cannot say. By identity, never by CUDA ordinal: under per-task binding every rank's
+    ``cuda:0`` is another GPU (:func:`commbench.cluster.nvml.handle_of`)."""
+    from commbench.cluster import nvml
 
-        nv.nvmlInit()
-    except Exception:
-        return None, "GPU link unknown (no NVML)"
+    def link(nv: Any) -> tuple[float | None, str]:
+        try:
+            return _link_of(nv, nvml.handle_of(nv, uuid, pci_bus_id, parent=True))
+        except Exception as e:
+            return None, f"GPU link unknown ({type(e).__name__})"
+
+    found = nvml.ask(link)
+    return found if found is not None else (None, "GPU link unknown (no NVML)")
+
+
+def _link_of(nv: Any, h: Any) -> tuple[float | None, str]:
+    """The link of the GPU of NVML handle ``h``."""
+    arch_code = nv.nvmlDeviceGetArchitecture(h)
+    arch = next((k for k, code in NVML_ARCH.items() if getattr(nv, f"NVML_DEVICE_ARCH_{k.upper()}", code) == arch_code), None)
+    links = 0
+    for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            links += int(nv.nvmlDeviceGetNvLinkState(h, link) == getattr(nv, "NVML_FEATURE_ENABLED", 1))
+        except Exception:  # not supported, or past the GPU's last link
+            break
+    gen = width = None
     try:
-        h = nv.nvmlDeviceGetHandleByIndex(index)
-        arch_code = nv.nvmlDeviceGetArchitecture(h)
-        arch = next((k for k, code in NVML_ARCH.items() if getattr(nv, f"NVML_DEVICE_ARCH_{k.upper()}", code) == arch_code), None)
-        links = 0
-        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
-            try:
-                links += int(nv.nvmlDeviceGetNvLinkState(h, link) == getattr(nv, "NVML_FEATURE_ENABLED", 1))
-            except Exception:  # not supported, or past the GPU's last link
-                break
-        gen = width = None
-        try:
-            gen = int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h))
-            width = int(nv.nvmlDeviceGetCurrPcieLinkWidth(h))
-        except Exception:
-            pass
-        return gpu_link_gbps(arch, links, gen, width)
-    except Exception as e:
-        return None, f"GPU link unknown ({type(e).__name__})"
-    finally:
-        try:
-            nv.nvmlShutdown()
-        except Exception:
-            pass
+        gen = int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h))
+        width = int(nv.nvmlDeviceGetCurrPcieLinkWidth(h))
+    except Exception:
+        pass
+    return gpu_link_gbps(arch, links, gen, width)
 
 
 NO_LINK = "none: the group's ranks share one host without a GPU link (shared memory / loopback)"
@@ -278,8 +279,11 @@ NO_LINK = "none: the group's ranks share one host without a GPU link (shared mem
 
 def rank_link_facts(backend: str, gpu_index: int | None) -> dict[str, Any]:
     """What one rank reports for ``link_util``: its node's inter-node link (:func:`node_link`) and, on a GPU, the
-    GPU's own intra-node link (:func:`gpu_link`); cheap (``/sys``, one ``tc`` call, NVML), so every rank asks."""
-    intra = gpu_link(gpu_index) if gpu_index is not None else (None, NO_LINK)
+    GPU's own intra-node link (:func:`gpu_link`), looked up by the UUID and PCI bus id of this rank's ``cuda:gpu_index``
+    (:func:`commbench.cluster.launch.gpu_identity`); cheap (``/sys``, one ``tc`` call, NVML), so every rank asks."""
+    from commbench.cluster.launch import gpu_identity
+
+    intra = gpu_link(*gpu_identity(gpu_index)) if gpu_index is not None else (None, NO_LINK)
     return {"inter": node_link(nics(), os.environ, backend), "intra": list(intra)}
 
 

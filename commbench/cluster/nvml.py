@@ -42,7 +42,7 @@ def _session() -> Iterator[Any]:
             pass
 
 
-def _ask(fn: Callable[[Any], T]) -> T | None:
+def ask(fn: Callable[[Any], T]) -> T | None:
     """``fn(pynvml)`` in a session, or None when NVML is missing or fails (no driver, a GPU fallen off the bus)."""
     try:
         with _session() as nv:
@@ -51,18 +51,21 @@ def _ask(fn: Callable[[Any], T]) -> T | None:
         return None
 
 
+UUID_PREFIXES = ("GPU-", "MIG-")
+
+
 def parse_visible_devices(value: str | None) -> list[int] | list[str] | None:
     """``CUDA_VISIBLE_DEVICES`` as the CUDA runtime reads it: ordinals (``0,2``) up to the first entry that is not
-    one, or UUID prefixes (``GPU-...``, ``MIG-...``); None when unset (every GPU visible); empty for ``""``, ``-1``
-    or a repeated entry (the runtime then shows no GPU)."""
+    one, or UUIDs and UUID prefixes (``GPU-...`` for a GPU, ``MIG-...`` for a MIG instance, mixed as the runtime
+    allows) up to the first entry that is neither; None when unset (every GPU visible); empty for ``""``, ``-1`` or
+    a repeated entry (the runtime then shows no GPU)."""
     if value is None:
         return None
     items = [v.strip() for v in value.split(",")]
-    if items and items[0][:4] in ("GPU-", "MIG-"):
-        prefix = items[0][:4]
+    if items and items[0][:4] in UUID_PREFIXES:
         uuids: list[str] = []
         for item in items:
-            if not item.startswith(prefix) or item in uuids:
+            if item[:4] not in UUID_PREFIXES or item in uuids:
                 return [] if item in uuids else uuids
             uuids.append(item)
         return uuids
@@ -78,36 +81,87 @@ def parse_visible_devices(value: str | None) -> list[int] | list[str] | None:
     return ordinals
 
 
+def _mig_handles(nv: Any, gpu: Any) -> list[Any]:
+    """The MIG devices of one GPU (none where MIG is off or NVML has no MIG calls)."""
+    out = []
+    try:
+        count = int(nv.nvmlDeviceGetMaxMigDeviceCount(gpu))
+    except Exception:  # not supported: a GPU without MIG, or an old binding
+        return []
+    for i in range(count):
+        try:
+            out.append(nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu, i))
+        except Exception:  # NVML_ERROR_NOT_FOUND: an empty slot
+            continue
+    return out
+
+
+def _by_uuid_prefix(nv: Any, gpus: list[Any], prefix: str) -> list[Any]:
+    """The GPUs (``GPU-...``) or MIG devices (``MIG-...``) whose UUID starts with ``prefix``, as the runtime matches."""
+    pool = gpus if prefix.startswith("GPU-") else [m for g in gpus for m in _mig_handles(nv, g)]
+    return [h for h in pool if _text(nv.nvmlDeviceGetUUID(h)).startswith(prefix)]
+
+
 def _visible_handles(nv: Any, env: Mapping[str, str]) -> list[Any]:
-    """NVML handles of the GPUs a CUDA process started with ``env`` would see (NVML itself ignores
-    ``CUDA_VISIBLE_DEVICES``). Ordinals are taken as NVML indices (PCI bus order, as ``CUDA_DEVICE_ORDER=PCI_BUS_ID``);
-    callers only count them or take the minimum over them, so the order does not matter."""
+    """NVML handles of the devices a CUDA process started with ``env`` would see (NVML itself ignores
+    ``CUDA_VISIBLE_DEVICES``): GPU handles, or MIG device handles for ``MIG-`` entries. Ordinals are taken as NVML
+    indices (PCI bus order, as ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); callers only count them or take the minimum over
+    them, so the order does not matter, and nothing here says which GPU is ``cuda:i`` (:func:`handle_of` finds a
+    GPU by its identity)."""
     total = int(nv.nvmlDeviceGetCount())
+    gpus = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(total)]
     visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
     if visible is None:
-        return [nv.nvmlDeviceGetHandleByIndex(i) for i in range(total)]
+        return gpus
     handles = []
     for v in visible:
         if isinstance(v, int):
             if v >= total:
                 break  # the runtime stops at the first ordinal past the last GPU
-            handles.append(nv.nvmlDeviceGetHandleByIndex(v))
+            handles.append(gpus[v])
         else:
-            match = [
-                nv.nvmlDeviceGetHandleByIndex(i)
-                for i in range(total)
-                if _text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))).startswith(v)
-            ]
+            match = _by_uuid_prefix(nv, gpus, v)
             if len(match) != 1:
-                break  # a MIG instance or an unknown prefix: counted up to here, as the runtime stops there
+                break  # an unknown or ambiguous prefix: counted up to here, as the runtime stops there
             handles.append(match[0])
     return handles
+
+
+def handle_of(nv: Any, uuid: str | None = None, pci_bus_id: str | None = None, parent: bool = False) -> Any:
+    """The NVML handle of one device by its identity, never by a CUDA ordinal (under per-task binding every rank's
+    ``cuda:0`` is another GPU, and CUDA's order need not be NVML's): its UUID (``GPU-...``, a bare UUID as torch
+    prints it, or ``MIG-...``), else its PCI bus id. ``parent``: for a MIG device, the GPU it is part of (where the
+    links, the architecture and the PCIe link are). LookupError when neither is given."""
+    if uuid:
+        wanted = uuid if uuid[:4] in UUID_PREFIXES else f"GPU-{uuid}"
+        h = nv.nvmlDeviceGetHandleByUUID(wanted)
+        if parent and wanted.startswith("MIG-"):
+            h = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h)
+        return h
+    if pci_bus_id:
+        return nv.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+    raise LookupError("no UUID or PCI bus id NVML can look up")
+
+
+def compute_processes(uuid: str | None = None) -> list[int] | None:
+    """PIDs with a CUDA context on the GPU of ``uuid`` (every visible GPU when None), from NVML's process list;
+    None when NVML cannot say. What shows whether a process (the supervisor) made a context."""
+
+    def pids(nv: Any) -> list[int]:
+        handles = [handle_of(nv, uuid)] if uuid else _visible_handles(nv, os.environ)
+        out: list[int] = []
+        for h in handles:
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                out.append(int(p.pid))
+        return sorted(set(out))
+
+    return ask(pids)
 
 
 def visible_count(env: Mapping[str, str] | None = None) -> int | None:
     """GPUs a CUDA process started with ``env`` (default: this one's) would see, or None when NVML cannot say."""
     env = os.environ if env is None else env
-    return _ask(lambda nv: len(_visible_handles(nv, env)))
+    return ask(lambda nv: len(_visible_handles(nv, env)))
 
 
 def min_free_bytes(env: Mapping[str, str] | None = None) -> int | None:
@@ -118,12 +172,12 @@ def min_free_bytes(env: Mapping[str, str] | None = None) -> int | None:
         handles = _visible_handles(nv, env)
         return min(int(nv.nvmlDeviceGetMemoryInfo(h).free) for h in handles) if handles else None
 
-    return _ask(free)
+    return ask(free)
 
 
 def driver_version() -> str | None:
     """The NVIDIA driver's version (``550.54.15``), or None."""
-    return _ask(lambda nv: _text(nv.nvmlSystemGetDriverVersion()))
+    return ask(lambda nv: _text(nv.nvmlSystemGetDriverVersion()))
 
 
 MIG_MODES = {0: "disabled", 1: "enabled"}
@@ -134,12 +188,7 @@ def device_facts(uuid: str | None = None, pci_bus_id: str | None = None) -> dict
     None when NVML cannot say. MIG mode is None on GPUs without MIG (NVML says "not supported")."""
 
     def facts(nv: Any) -> dict[str, Any]:
-        if uuid is not None and not uuid.startswith("MIG-"):
-            h = nv.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        elif pci_bus_id is not None:
-            h = nv.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
-        else:
-            raise LookupError("no UUID or PCI bus id NVML can look up")
+        h = handle_of(nv, uuid, pci_bus_id, parent=True)
         try:
             current = int(nv.nvmlDeviceGetMigMode(h)[0])
             mig: str | None = MIG_MODES.get(current, str(current))
@@ -152,4 +201,4 @@ def device_facts(uuid: str | None = None, pci_bus_id: str | None = None) -> dict
             "mig_mode": mig,
         }
 
-    return _ask(facts)
+    return ask(facts)

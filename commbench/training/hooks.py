@@ -176,6 +176,28 @@ class _Slot:
         return self.last is None or self.last.done()
 
 
+_SlotKey = tuple[int, int, torch.device, int]
+"""(bucket index, numel, device, id of the group)."""
+
+
+def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
+    """Bytes of the distinct storages of the tensors in ``obj``'s attributes, in lists and dicts there, and in the
+    attributes of commbench objects there (a chunked op's wires and their codec workspaces)."""
+    seen = set() if seen is None else seen
+    total = 0
+    for v in vars(obj).values():
+        items = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (list, tuple)) else [v]
+        for t in items:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                if st.data_ptr() not in seen:
+                    seen.add(st.data_ptr())
+                    total += st.nbytes()
+            elif type(t).__module__.startswith("commbench.") and hasattr(t, "__dict__"):
+                total += tensor_bytes(t, seen)
+    return total
+
+
 class _CodecReducer:
     """State of one codec hook: chunked all_reduce ops (buffers reused across steps) and tickets.
 
@@ -183,13 +205,39 @@ class _CodecReducer:
     is taken only when its previous use has completed on the host, else a new one is made (DDP reduces a bucket
     once per step, so that is one op per bucket). Before reusing a slot, the current stream waits on the
     previous use's result future, so on CUDA no write of the new use overtakes a kernel of the old one even if
-    a caller did not wait on it."""
+    a caller did not wait on it.
+
+    Slots of buckets that are gone are freed. DDP rebuilds its buckets after the first step (in the order the
+    gradients became ready; the first step's buckets follow the parameters in reverse, with a small first one), so
+    the keys of step 0 are not those of step 1: at the last bucket of every step (``GradBucket.is_last``), the
+    slots of every key that step did not use are dropped once their last use completed. What the hook holds is
+    then one op per bucket of the current layout, about 4 bytes x 4 buffers per gradient element, never the
+    layouts before it too (``held_bytes``)."""
 
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
         self.tickets = _Tickets()
-        self.slots: dict[tuple[int, int, torch.device, int], list[_Slot]] = {}
+        self.slots: dict[_SlotKey, list[_Slot]] = {}
+        self._used: set[_SlotKey] = set()
+        """Keys taken since the last bucket of the previous step."""
         self._lock = threading.Lock()  # slots are returned from callbacks on other threads
+
+    def held_bytes(self) -> int:
+        """Bytes of every buffer of every slot this hook keeps (distinct storages)."""
+        seen: set[int] = set()
+        with self._lock:
+            return sum(tensor_bytes(s.op, seen) for slots in self.slots.values() for s in slots)
+
+    def _prune(self) -> None:
+        """Drop the slots of keys the step that just ended did not use (a layout DDP rebuilt away), except those
+        still in flight; called under the lock at the last bucket of a step."""
+        for key in [k for k in self.slots if k not in self._used]:
+            busy = [s for s in self.slots[key] if not s.free()]
+            if busy:
+                self.slots[key] = busy
+            else:
+                del self.slots[key]
+        self._used = set()
 
     def _take(
         self, bucket: dist.GradBucket, group: Any, result: torch.futures.Future[torch.Tensor]
@@ -198,6 +246,7 @@ class _CodecReducer:
         buffer = bucket.buffer()
         key = (bucket.index(), buffer.numel(), buffer.device, id(group))
         with self._lock:
+            self._used.add(key)
             slots = self.slots.setdefault(key, [])
             slot = next((s for s in slots if s.free()), None)
             if slot is None:
@@ -207,6 +256,8 @@ class _CodecReducer:
                 slot = _Slot(op)
                 slots.append(slot)
             previous, slot.last = slot.last, result
+            if bucket.is_last():
+                self._prune()
         if previous is not None:
             # Complete on the host (the slot was free); on CUDA the current stream waits on its decode. A use
             # that failed has no events, and its error already went to its own caller.
@@ -273,6 +324,7 @@ def codec_hook(codec_name: str) -> HookFn:
     def codec_reduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return reducer(group, bucket)
 
+    codec_reduce_hook.reducer = reducer  # type: ignore[attr-defined]  # what it holds: reducer.held_bytes()
     return codec_reduce_hook
 
 
