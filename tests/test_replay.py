@@ -279,3 +279,18 @@ def test_execution_trace(tmp_path: Path) -> None:
                          "c10d::allreduce_ (outside every ProfilerStep span)": 1}  # fmt: skip
     with pytest.raises(TraceError, match="execution-trace schema '2.0.0'"):
         read_trace(_write(tmp_path, _et(nodes, "2.0.0"), "et2.json"))
+
+
+def test_gpu_replay_check_refuses_without_cuda() -> None:
+    """The GPU check of the reader on a real NCCL trace (benchmarks/gpu_replay_check.py) must not pass on a machine
+    without CUDA: one line, exit 2."""
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the check itself")
+    script = Path(__file__).parent.parent / "benchmarks" / "gpu_replay_check.py"
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no CUDA" in r.stderr
