@@ -331,3 +331,13 @@ def test_configuration_refusals_are_one_line() -> None:
     check_configuration(["reduce", "all_gather"], 1, "avg", "nccl", 2)  # NCCL averages; a root inside the world
     check_configuration(["all_gather"], 5, "avg", "gloo", 2)  # neither rooted nor a reduction: nothing to refuse
     assert get_collective("pp_sendrecv").unsupported("gloo", 1) is not None
+
+
+def test_resume_keeps_the_root_and_the_op() -> None:
+    from commbench.cli.orchestrate import resume_conflicts
+
+    old = {"suite": suite_from_dict({"root": 1}).to_dict()}
+    assert resume_conflicts(old, suite_from_dict({"root": 1})) == []
+    assert resume_conflicts(old, suite_from_dict({"root": 0})) == ["root 1 -> 0 (-r/--root)"]
+    assert resume_conflicts(old, suite_from_dict({"root": 1, "op": "max"})) == ["op 'sum' -> 'max' (-o/--op)"]
+    assert resume_conflicts({"suite": {"collectives": ["all_reduce"]}}, suite_from_dict({"op": "max"})) == []  # older run

@@ -33,6 +33,8 @@ RESUME_FIXED: dict[str, str] = {
     "payload": "--payload",
     "check": "--check/--no-check",
     "seed": "the suite's seed",
+    "root": "-r/--root",
+    "op": "-o/--op",
     "timing": "--warmup/--min-time/--repeats",
 }
 """Suite fields a resumed run must keep (with the flags that set them): they decide which rows exist and how

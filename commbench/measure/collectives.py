@@ -243,8 +243,10 @@ class Collective(ABC):
             acc.add_(x)
         elif self.redop == "prod":
             acc.mul_(x)
+        elif self.redop == "min":
+            torch.minimum(acc, x, out=acc)
         else:
-            torch.minimum(acc, x, out=acc) if self.redop == "min" else torch.maximum(acc, x, out=acc)
+            torch.maximum(acc, x, out=acc)
 
     def finish(self, acc: torch.Tensor, n: int) -> None:
         """The last step of a reduction over ``n`` ranks: ``avg`` divides the sum by ``n``."""
