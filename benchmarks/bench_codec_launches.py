@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<20} {'packed' if packed else 'split':<7}{row}")
     has_bytes = hasattr(fp8, "use_fused")  # the code before the fused codec counts eager bytes only
     paths = ["eager"] + (["fused"] if has_bytes and not args.no_fused else [])
-    print("\nbytes read + written per element, packed wire: encode / decode / decode+sum (targets fused: <= 10 / <= 5 + scales)")
+    print(
+        "\nbytes read + written per element, packed wire: encode / decode / decode+sum (targets fused: <= 10 / <= 5 + scales)"
+    )
     print(f"{'codec':<20} {'path':<7}" + "".join(f"{'n=' + str(n):>22}" for n in args.worlds))
     for name in args.codecs:
         codec = get_codec(name)
