@@ -400,6 +400,9 @@ def cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"FAIL {line}")
     judged = ", ".join(f"{k} {v}" for k, v in result.judged.items())
     verdict = f"{len(result.failures)} point(s) significantly below the bar" if result.failures else "every bar holds"
+    estimates = sum(1 for r in result.rows if not r["passed"] and r["basis"] != "interval")
+    if estimates:  # without intervals there is no significance: say how many were judged on their value alone
+        verdict += f" ({estimates} of them point estimates without an interval, judged on their value)"
     print(f"# check {args.run_dir}: {verdict} (points judged: {judged})")
     return result.exit_code
 

@@ -54,8 +54,10 @@ def run_sweep(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool) -> None:
     try:
         for p in range(passes):
             for i, (group, indices) in enumerate(todo):
+                measured = states[i] is None or states[i].passes <= p  # type: ignore[union-attr]
                 states[i] = _visit(sweep, writer, printer, keys[i], group, indices, states[i], p, quiet=quiet)
-                progress.advance(_where(group, p, passes), len(indices))
+                if measured:  # a pass in the journal is not measured again, nor counted
+                    progress.advance(_where(group, p, passes), len(indices))
             signal_hook(d.rank, p + 1)
     except BaseException as e:  # Ctrl-C, SIGTERM, a failed rank: what was journaled stays; the metadata says so
         if lead and writer is not None:
