@@ -109,3 +109,29 @@ def test_threshold_flag_on_the_command_line(tmp_path: Path, capsys: pytest.Captu
     assert main(["compare", str(a), str(b), "--threshold", "lots", "--out", str(tmp_path / "c2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--threshold must look like 10% or 0.1" in err[0]
+
+
+def _cycles(tmp: Path, name: str, scale: float, n: int) -> Path:
+    # -N n: the table's rows repeat once per cycle, each cycle's times +-2 % (a fixed pattern)
+    ms = [w.Measure(s, {p: BASE[s] * scale * (1 + 0.02 * math.sin(2.3 * c + k)) for k, p in enumerate(("out-of-place", "in-place"))})
+          for c in range(n) for s in SIZES]  # fmt: skip
+    (tmp / f"{name}.txt").write_text(w.nccl_text("all_reduce", ms, w.Layout(procs=1, ngpus=8)))
+    return import_nccl_tests(tmp / f"{name}.txt", tmp / name)
+
+
+def test_six_cycles_give_an_interval_fewer_a_threshold_verdict(tmp_path: Path) -> None:
+    a, b = _cycles(tmp_path, "a", 1.0, 6), _cycles(tmp_path, "b", 1.3, 6)
+    assert sorted(set(pd.read_csv(a / "results.csv")["cycle"])) == list(range(6))
+    al = compare.aligned([compare.load_run(a), compare.load_run(b)], ["A", "B"])
+    # the interval of the median of 6 cycles: their min and max (order statistics 1 and 6, coverage 96.9 %)
+    row = al[(al["size_bytes"] == SIZES[1]) & (al["placement"] == "in-place")].iloc[0]
+    times = pd.read_csv(a / "results.csv")
+    times = times[(times["size_bytes"] == SIZES[1]) & (times["placement"] == "in-place")]["time_us"]
+    assert row["time_us|A"] == pytest.approx(times.median())
+    assert (row["time_ci_low_us|A"], row["time_ci_high_us|A"]) == pytest.approx((times.min(), times.max()))
+    rf = compare.ratio_frame(al, ["A", "B"])
+    assert set(rf["basis"]) == {"interval"} and set(rf["verdict"]) == {"B slower"}
+    # 3 cycles cannot make a 95 % interval: point estimates (their median), a threshold verdict
+    a3, b3 = _cycles(tmp_path, "a3", 1.0, 3), _cycles(tmp_path, "b3", 1.3, 3)
+    rf3 = compare.ratio_frame(compare.aligned([compare.load_run(a3), compare.load_run(b3)], ["A", "B"]), ["A", "B"])
+    assert set(rf3["basis"]) == {"threshold"} and set(rf3["verdict"]) == {"B slower (threshold 5%, point estimates)"}
