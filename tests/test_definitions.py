@@ -340,4 +340,5 @@ def test_resume_keeps_the_root_and_the_op() -> None:
     assert resume_conflicts(old, suite_from_dict({"root": 1})) == []
     assert resume_conflicts(old, suite_from_dict({"root": 0})) == ["root 1 -> 0 (-r/--root)"]
     assert resume_conflicts(old, suite_from_dict({"root": 1, "op": "max"})) == ["op 'sum' -> 'max' (-o/--op)"]
-    assert resume_conflicts({"suite": {"collectives": ["all_reduce"]}}, suite_from_dict({"op": "max"})) == []  # older run
+    older = {"suite": {"collectives": ["all_reduce"]}}  # a run from before -r/-o: nothing to compare them with
+    assert resume_conflicts(older, suite_from_dict({"collectives": ["all_reduce"], "op": "max"})) == []
