@@ -151,6 +151,8 @@ def validate(data: dict[str, Any]) -> list[str]:
             continue
         bad += [f"{rid}: {k}={r[k]!r} not one of {', '.join(v)}" for k, v in CHOICES.items() if r[k] not in v]
         bad += [f"{rid}: assumed names unknown field {a!r}" for a in r["assumed"] if a not in r]
+        if not isinstance(r.get("tp_comm_overlap", False), bool):
+            bad.append(f"{rid}: tp_comm_overlap not bool")
         if r["source"] not in data.get("sources", {}):
             bad.append(f"{rid}: unknown source {r['source']!r}")
         if r["tp"] * r["pp"] * r["cp"] * r["dp"] != gpus(r):
@@ -199,7 +201,7 @@ def plan_argv(
     run: Run, out: Path, flags: set[str], kernel_efficiency: float | None = None
 ) -> tuple[list[str], list[str]]:
     """(argv of ``commbench plan`` for the run, the flags it needs that ``flags`` lacks). Optional flags
-    (``--sequence-parallel``) are passed only where the plan has them; the strategy and precision go to
+    (``--sequence-parallel``, ``--tp-comm-overlap``) are passed only where the plan has them; the strategy and precision go to
     ``--strategy``/``--precision`` or, without those, to ``--strategies``/``--precisions``."""
     argv = ["plan"]
     for flag in REQUIRED[:-1]:  # --tp 8 ... --norm layernorm: each flag names the run's field
@@ -209,8 +211,12 @@ def plan_argv(
         if on:
             argv.append(flag)
             needed.append(flag)
-    if run["sequence_parallel"] and "--sequence-parallel" in flags:
-        argv.append("--sequence-parallel")
+    for flag, on in (
+        ("--sequence-parallel", run["sequence_parallel"]),
+        ("--tp-comm-overlap", run.get("tp_comm_overlap")),
+    ):
+        if on and flag in flags:  # optional: a plan without the flag prices the run without it
+            argv.append(flag)
     for one, many, key in (("--strategy", "--strategies", "strategy"), ("--precision", "--precisions", "precision")):
         flag = one if one in flags else many
         argv += [flag, run[key]]

@@ -212,6 +212,9 @@ def test_plan_argv_and_missing_flags(tmp_path: Path) -> None:
     everything = {*bpp.REQUIRED, "--biases", "--tied-embeddings", "--strategy", "--precision", "--sequence-parallel"}
     argv, missing = bpp.plan_argv(RUNS["llama3-405b-8k"], tmp_path, everything)
     assert missing == [] and "--strategy" in argv and "--sequence-parallel" in argv and "--biases" not in argv
+    assert "--tp-comm-overlap" not in argv  # Llama 3 does not say it overlaps TP
+    argv, _ = bpp.plan_argv(RUNS["mcore-h100-177b"], tmp_path, {*everything, "--tp-comm-overlap"})
+    assert "--tp-comm-overlap" in argv
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
