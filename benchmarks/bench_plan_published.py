@@ -201,8 +201,8 @@ def plan_argv(
     run: Run, out: Path, flags: set[str], kernel_efficiency: float | None = None
 ) -> tuple[list[str], list[str]]:
     """(argv of ``commbench plan`` for the run, the flags it needs that ``flags`` lacks). Optional flags
-    (``--sequence-parallel``, ``--tp-comm-overlap``) are passed only where the plan has them; the strategy and precision go to
-    ``--strategy``/``--precision`` or, without those, to ``--strategies``/``--precisions``."""
+    (``--sequence-parallel``, ``--tp-comm-overlap``) are passed only where the plan has them; the strategy and
+    precision go to ``--strategy``/``--precision`` or, without those, to ``--strategies``/``--precisions``."""
     argv = ["plan"]
     for flag in REQUIRED[:-1]:  # --tp 8 ... --norm layernorm: each flag names the run's field
         argv += [flag, str(run[flag[2:].replace("-", "_")])]

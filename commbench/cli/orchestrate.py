@@ -315,6 +315,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         if writer is not None:
             meta = json.loads((writer.dir / "metadata.json").read_text())
             meta["end_time"] = _now()
+            from commbench.measure.fp8 import compile_report
+
+            meta["fp8_compile"] = compile_report()  # the fused codec's graphs: compiled before any timed call
             meta.pop("partial", None)  # a resumed run that completes is whole again
             if transports is not None:
                 from commbench.cluster.metadata import add_transports
