@@ -329,3 +329,85 @@ def test_release_memory_collects_and_empties_the_cache_on_cuda_only(monkeypatch:
     assert calls == ["gc"]
     launch.release_memory(torch.device("cuda", 0))
     assert calls == ["gc", "gc", "empty_cache"]
+
+
+# --- devices by identity: MIG instances, per-task binding (issue 34) --------------------------------------------
+
+
+def mig_uuid(gpu: int, k: int) -> str:
+    return f"MIG-{gpu:04d}{k:04d}-0000-0000-0000-000000000000"
+
+
+def fake_pynvml_mig(count: int, migs: dict[int, int], arch: dict[int, int] | None = None) -> types.ModuleType:
+    """NVML of ``count`` GPUs, GPU g split into ``migs[g]`` MIG devices (nvidia-ml-py's MIG calls: the max count,
+    handles by index with NVML_ERROR_NOT_FOUND past the last, handles by UUID, the parent of a MIG handle)."""
+    m = fake_pynvml(count, [80 << 30] * count)
+
+    class NotFound(Exception):
+        pass
+
+    def mig_handle(g: int, k: int) -> tuple[str, int, int]:
+        if k >= migs.get(g, 0):
+            raise NotFound("NVML_ERROR_NOT_FOUND")
+        return ("mig", g, k)
+
+    def by_uuid(u: str) -> Any:
+        for g in range(count):
+            if uuid(g) == u:
+                return g
+            for k in range(migs.get(g, 0)):
+                if mig_uuid(g, k) == u:
+                    return ("mig", g, k)
+        raise NotFound(u)
+
+    m.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7 if migs.get(h) else 0  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle  # type: ignore[attr-defined]
+    m.nvmlDeviceGetUUID = lambda h: mig_uuid(h[1], h[2]) if isinstance(h, tuple) else uuid(h)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetHandleByUUID = by_uuid  # type: ignore[attr-defined]
+    m.nvmlDeviceGetDeviceHandleFromMigDeviceHandle = lambda h: h[1]  # type: ignore[attr-defined]
+    m.nvmlDeviceGetHandleByPciBusId = lambda bus: int(bus.split(":")[1], 16)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetArchitecture = lambda h: (arch or {}).get(h, 9)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetNvLinkState = lambda h, link: 1 if link < 2 + 2 * h else (_ for _ in ()).throw(NotFound())  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: 5  # type: ignore[attr-defined]
+    m.nvmlDeviceGetCurrPcieLinkWidth = lambda h: 16  # type: ignore[attr-defined]
+    m.nvmlDeviceGetName = lambda h: "NVIDIA H100 80GB HBM3"  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=f"00000000:{h:02X}:00.0")  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMigMode = lambda h: (1, 1) if migs.get(h) else (0, 0)  # type: ignore[attr-defined]
+    return m
+
+
+def test_mig_and_gpu_uuids_in_cuda_visible_devices_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    forbid_cuda(monkeypatch)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml_mig(2, {1: 3}))
+    assert nvml.parse_visible_devices(f"{mig_uuid(1, 0)},{uuid(0)}") == [mig_uuid(1, 0), uuid(0)]
+    assert nvml.visible_count({"CUDA_VISIBLE_DEVICES": mig_uuid(1, 2)}) == 1  # was 0: `--backend nccl` refused
+    assert nvml.visible_count({"CUDA_VISIBLE_DEVICES": f"{mig_uuid(1, 0)},{mig_uuid(1, 1)}"}) == 2
+    assert nvml.visible_count({"CUDA_VISIBLE_DEVICES": "MIG-0001"}) == 0  # a prefix of three instances: ambiguous
+    assert nvml.visible_count({"CUDA_VISIBLE_DEVICES": f"{uuid(0)[:12]},{mig_uuid(1, 1)}"}) == 2
+    assert nvml.visible_count({"CUDA_VISIBLE_DEVICES": f"{mig_uuid(1, 0)},MIG-9999"}) == 1  # stops at the unknown
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mig_uuid(1, 1))
+    assert launch.has_gpus() == 1
+    assert launch.resolve_backend("auto", 0, 1) == "nccl" and launch.resolve_backend("nccl", 0, 1) == "nccl"
+
+
+def test_gpu_link_and_facts_are_looked_up_by_identity_not_ordinal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from commbench.cluster.metadata import gpu_link
+
+    # GPU g has 2 + 2g active NVLinks, so each GPU's answer is its own; under per-task binding every rank's
+    # device is cuda:0, and an ordinal lookup would give every rank GPU 0's 2 links
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml_mig(4, {3: 2}))
+    assert gpu_link(uuid(2)) == (6 * 25.0, "6 × NVLink (hopper, 25 GB/s each)")
+    assert gpu_link(uuid(2)[4:])[0] == 6 * 25.0  # torch prints the UUID without "GPU-"
+    assert gpu_link(mig_uuid(3, 1))[0] == 8 * 25.0  # a MIG device's links are its parent GPU's
+    assert gpu_link(None, "00000000:01:00.0")[0] == 4 * 25.0  # by PCI bus id
+    assert gpu_link(None)[0] is None
+    facts = nvml.device_facts(uuid=mig_uuid(3, 0))
+    assert facts == {"name": "NVIDIA H100 80GB HBM3", "uuid": uuid(3), "pci_bus_id": "00000000:03:00.0",
+                     "mig_mode": "enabled"}  # fmt: skip
+
+    # what a rank asks: its cuda:i's UUID from torch, then NVML by that UUID
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=uuid(1)[4:]))
+    assert launch.gpu_identity(0) == (uuid(1)[4:], None)
+    from commbench.cluster.metadata import rank_link_facts
+
+    assert rank_link_facts("nccl", 0)["intra"] == [4 * 25.0, "4 × NVLink (hopper, 25 GB/s each)"]

@@ -146,3 +146,80 @@ def test_memory_held_before_a_policy_does_not_raise_its_cpu_peak() -> None:
     assert without >= 16 * res["psi"]
     # the 64 MiB held throughout is not (heap noise between runs is far below it)
     assert abs(with_ - without) < LEFTOVER / 8, res["peaks"]
+
+
+# --- CUDA's first-step state, and a policy's process groups (issue 34) ----------------------------------------
+
+WORKSPACE = 32 * MiB  # cuBLAS's workspace on sm90: allocated by the process's first matmul backward, never freed
+
+
+def _primed(rank: int, world_size: int) -> dict[str, Any]:
+    """A CUDA-semantics meter (the allocator fake) over a real gloo run: the process's first backward allocates
+    the cuBLAS workspace, which stays. Then the group table at each policy's start and end."""
+    from commbench.cluster import compat
+    from commbench.training import runner, session
+    from commbench.training.config import TrainingConfig
+    from commbench.training.policies import get_policy
+
+    fake = FakeAllocator()
+    backward = torch.autograd.backward
+
+    def first_backward_allocates(*a: Any, **k: Any) -> Any:
+        if not getattr(fake, "workspace", False):
+            fake.workspace = True  # type: ignore[attr-defined]
+            fake.alloc(WORKSPACE)
+        return backward(*a, **k)
+
+    class FakeCudaMeter:
+        kind = "cuda_allocator"
+
+        def baseline(self) -> int:
+            return fake.allocated
+
+        def peak(self, step: Any, model: Any, optimizer: Any) -> int:
+            fake._reset()
+            step()
+            return fake.peak
+
+    torch.autograd.backward = first_backward_allocates  # type: ignore[assignment]
+    memory._meter = lambda device: FakeCudaMeter()  # type: ignore[assignment,return-value]
+    groups: list[tuple[str, str, int]] = []
+    run_policy = session.run_policy
+
+    def tracked(policy: Any, *a: Any, **k: Any) -> Any:
+        groups.append((policy.name, "start", len(compat.group_names())))
+        out = run_policy(policy, *a, **k)
+        groups.append((policy.name, "end", len(compat.group_names())))
+        return out
+
+    runner.run_policy = tracked  # type: ignore[assignment]
+    sec = {**SECTION, "policies": ["fp32", "hsdp_fp32"], "measure_memory": True}
+    summary, _ = runner.run_training(sec, device=torch.device("cpu"))
+    peaks = {r.policy: r.peak_mem_bytes for r in summary}
+    # the control: a process that was not primed charges the workspace to its first policy
+    fake.allocated = fake.peak = 0
+    fake.workspace = False  # type: ignore[attr-defined]
+    unprimed = run_policy(get_policy("fp32"), TrainingConfig.coerce({**SECTION, "measure_memory": True}), torch.device("cpu"))
+    return {"peaks": peaks, "unprimed": unprimed.peak_mem_bytes, "groups": groups, "after": len(compat.group_names())}
+
+
+@pytest.fixture(scope="module")
+def primed() -> list[dict[str, Any]]:
+    return run_in_world(_primed, nproc=2, timeout=150)
+
+
+@pytest.mark.timeout(170)
+def test_the_fp32_baseline_does_not_carry_cudas_first_step_workspace(primed: list[dict[str, Any]]) -> None:
+    res = primed[0]
+    assert res["unprimed"] == WORKSPACE  # the meter sees it: without priming the fp32 peak would be 32 MiB
+    assert res["peaks"]["fp32"] == 0 and res["peaks"]["hsdp_fp32"] == 0, res["peaks"]  # primed: in the baseline
+
+
+@pytest.mark.timeout(170)
+def test_every_group_a_policy_makes_is_destroyed_at_its_end(primed: list[dict[str, Any]]) -> None:
+    for res in primed:
+        g = res["groups"]
+        # priming and fp32 make no group; HSDP makes its mesh's (replicate and shard dimensions)
+        assert [x for x in g if x[1] == "start"] == [("fp32", "start", 1)] * 2 + [("hsdp_fp32", "start", 1)], g
+        assert ("hsdp_fp32", "end", 1) not in g and max(n for p, w, n in g if p == "hsdp_fp32") > 1, g
+        assert res["after"] == 1  # only the default group is left
