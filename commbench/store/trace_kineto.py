@@ -12,6 +12,7 @@ operator on the same thread (a functional collective calling c10d) is the outer 
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from typing import Any
@@ -90,6 +91,7 @@ def pair_gloo(ops: list[OpEvent], work: list[OpEvent]) -> None:
     by_name: dict[str, list[OpEvent]] = defaultdict(list)
     for w in sorted(work, key=lambda w: w.ts):
         by_name[w.name].append(w)
+    starts = {name: [w.ts for w in ws] for name, ws in by_name.items()}
     claimed: set[int] = set()
     for op in sorted(ops, key=lambda o: o.ts):
         coll = _C10D_COLLECTIVE.get(op.name)
@@ -98,8 +100,10 @@ def pair_gloo(ops: list[OpEvent], work: list[OpEvent]) -> None:
         shape = _first_shape(op.dims[1] if coll in ("all_gather", "reduce_scatter", "all_to_all") else op.dims[0])
         best: OpEvent | None = None
         for name in _GLOO_WORK[coll]:
-            for w in by_name.get(name, []):
-                if id(w) in claimed or w.ts < op.ts or _first_shape(w.dims[:1]) != shape:
+            ws = by_name.get(name, [])
+            for i in range(bisect.bisect_left(starts.get(name, []), op.ts), len(ws)):  # work starts after its call
+                w = ws[i]
+                if id(w) in claimed or _first_shape(w.dims[:1]) != shape:
                     continue
                 if best is None or w.ts < best.ts:
                     best = w
