@@ -4,6 +4,7 @@ and the CLI's rules (exit 2 on bad input, exit 1 when nothing fits, the columns,
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -122,8 +123,9 @@ def test_cli_prices_one_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str
             "--strategy", "zero1", "--out", str(tmp_path)]  # fmt: skip
     rc, out, _ = run(argv, capsys)
     assert rc == 0
-    assert all(len(line) <= 80 for line in out.splitlines())
-    assert "e+" not in out and ("ms" in out or " s" in out)  # times with units, never an exponent
+    text = [x for x in out.splitlines() if not x.startswith(("csv: ", "md: ", "html: "))]  # paths are not wrapped
+    assert all(len(line) <= 80 for line in text)
+    assert not any(re.search(r"\de\+\d", x) for x in text) and ("ms" in out or " s" in out)  # units, no exponent
     df = pd.read_csv(tmp_path / "plan.csv")
     assert set(COLUMNS) <= set(df.columns) and len(df) == 1
     assert df.iloc[0]["global_batch"] == 1000  # whole micro-batches per DP rank (250 x 4), said in one line
@@ -164,3 +166,22 @@ def test_tp_comm_overlap_hides_tp_behind_its_layer() -> None:
     assert over["comm_exposed_s"] < plain["comm_exposed_s"] and over["comm_total_s"] == plain["comm_total_s"]
     assert "pipelined with the layer's matmuls" in over["comm_exposure"]
     assert "between the matmuls" in plain["comm_exposure"]
+
+
+def test_flat_plan_console_has_units_and_fits_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("COLUMNS", "72")
+    rc, out, err = run(["plan", "--model-preset", "gpt3-175b", "--gpu", "a100", "--nodes", "2", "--strategies",
+                        "zero3,fsdp", "--precisions", "bf16", "--out", str(tmp_path)], capsys)  # fmt: skip
+    assert rc == 1 and "no option fits" in err  # 175B on 16 GPUs: 16 bytes per parameter / 16 > 80 GB
+    text = [x for x in out.splitlines() if not x.startswith(("csv: ", "md: ", "html: "))]  # paths are not wrapped
+    assert not any(re.search(r"\de\+\d", x) for x in text) and " s" in out and all(len(x) <= 72 for x in text)
+    df = pd.read_csv(tmp_path / "plan.csv")
+    assert {"tp", "pp", "dp", "mfu", "tflops_per_gpu", "comm_exposed_s", "mem_headroom_bytes"} <= set(df.columns)
+
+
+def test_search_with_nothing_that_fits_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["plan", "--model-preset", "gpt3-175b", "--gpus", "8", "--tp", "8", "--pp", "1", "--vpp", "1",
+                      "--micro-batch", "1", "--strategies", "ddp", "--precisions", "bf16", "--out", str(tmp_path)],
+                     capsys)  # fmt: skip
+    assert rc == 1 and "no option fits" in err and len(err.strip().splitlines()) == 1

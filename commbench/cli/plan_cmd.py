@@ -214,4 +214,10 @@ def _cmd_search(args: argparse.Namespace, model: Path | None, shape: dict[str, o
     print(format_search(df))
     for kind in ("csv", "md", "html"):
         print(f"{kind}: {paths[kind]}")
+    if not (df["ruled_out"] == "").any():
+        import sys
+
+        print(f"commbench: {df.attrs.get('answer', 'no option fits')}; more GPUs (--gpus), --recompute full or a "
+              "smaller --micro-batch would need less memory per GPU", file=sys.stderr)  # fmt: skip
+        return 1
     return 0

@@ -60,10 +60,10 @@ def console_frame(df: pd.DataFrame) -> pd.DataFrame:
     })  # fmt: skip
 
 
-def table_lines(view: pd.DataFrame, cols: int) -> list[str]:
+def table_lines(view: pd.DataFrame, cols: int, priority: tuple[tuple[str, int], ...] = CONSOLE) -> list[str]:
     """The table as text no wider than ``cols``: the lowest-priority columns dropped until it fits."""
-    keep = [c for c, _ in CONSOLE if c in view.columns]
-    prio = dict(CONSOLE)
+    keep = [c for c, _ in priority if c in view.columns]
+    prio = dict(priority)
     while True:
         text = view[keep].to_string(index=False)
         lines = text.splitlines()

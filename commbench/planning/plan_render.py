@@ -14,7 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from commbench.planning.layout_render import console_frame, format_rows, output_paths, width, wrap
+from commbench.planning.layout_plan import fmt_gb, fmt_rate, fmt_time
+from commbench.planning.layout_render import console_frame, format_rows, output_paths, table_lines, width, wrap
 from commbench.planning.pricing import COLUMNS
 
 MEM_PARTS = (
@@ -84,11 +85,6 @@ def fig_step(df: pd.DataFrame) -> Any:
     return fig
 
 
-def _ms_interval(low_s: pd.Series, high_s: pd.Series) -> list[str]:
-    """A time interval in seconds as console text in ms, "-" where it is unpriced."""
-    return ["-" if pd.isna(a) else f"{a * 1e3:.4g}-{b * 1e3:.4g}" for a, b in zip(low_s, high_s, strict=True)]
-
-
 def write_plan(df: pd.DataFrame, out: str | os.PathLike[str], device_memory: float | None = None) -> dict[str, Path]:
     """``out/plan.csv``, ``plan.md``, ``plan.html`` and ``plots/plan_*.png|svg``; returns the paths."""
     from commbench.views.plots import save_figure
@@ -132,10 +128,18 @@ def write_plan(df: pd.DataFrame, out: str | os.PathLike[str], device_memory: flo
     title = "commbench plan"
     if not df.empty:
         r = df.iloc[0]
-        title += f": {r['params']:.3g} parameters on {r['nodes']} node(s) x {r['gpus_per_node']} ranks"
+        title += f": {fmt_count(r['params'])} parameters on {r['nodes']} node(s) x {r['gpus_per_node']} ranks"
     paths["html"].write_text(render_html(title, sections, figures, None), encoding="utf-8")
     paths["md"].write_text(render_markdown(title, sections, figures, None, d), encoding="utf-8")
     return paths
+
+
+def fmt_count(v: float) -> str:
+    """A count without an exponent: ``175B``, ``6.74B``, ``125M``."""
+    for unit, k in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if v >= k:
+            return f"{v / k:.3g}{unit}"
+    return f"{v:.3g}"
 
 
 def answer_line(df: pd.DataFrame) -> str:
@@ -146,18 +150,19 @@ def answer_line(df: pd.DataFrame) -> str:
     r = df.iloc[0]
     fits = "" if r["fits"] is None else (", fits" if r["fits"] else ", does NOT fit")
     out = (
-        f"{r['params']:.3g} parameters on {r['nodes']} x {r['gpus_per_node']} ranks: {r['strategy']} "
+        f"{fmt_count(r['params'])} parameters on {r['nodes']} x {r['gpus_per_node']} ranks: {r['strategy']} "
         f"{r['precision']}, {r['mem_total_bytes'] / 1e9:.3g} GB per rank{fits}"
     )
     if pd.notna(r["step_time_s"]):
         out += (
-            f", step {r['step_time_s'] * 1e3:.4g} ms ({r['step_time_low_s'] * 1e3:.4g}-"
-            f"{r['step_time_high_s'] * 1e3:.4g})"
+            f", step {fmt_time(r['step_time_s'])} ({fmt_time(r['step_time_low_s'])}-"
+            f"{fmt_time(r['step_time_high_s'])})"
         )
         if pd.notna(r["tokens_per_s"]):
-            out += f", {r['tokens_per_s']:.4g} tokens/s"
+            out += f", {fmt_rate(r['tokens_per_s'])} tokens/s"
     elif pd.notna(r["comm_time_s"]):
-        out += f", comm {r['comm_time_s'] * 1e3:.4g} ms ({r['comm_time_low_s'] * 1e3:.4g}-{r['comm_time_high_s'] * 1e3:.4g})"
+        out += (f", comm {fmt_time(r['comm_time_s'])} ({fmt_time(r['comm_time_low_s'])}-"
+                f"{fmt_time(r['comm_time_high_s'])})")  # fmt: skip
     else:
         out += " (ranked by memory: no time)"
     return out
@@ -174,27 +179,39 @@ def warnings(df: pd.DataFrame) -> list[list[str]]:
     return out
 
 
-def format_plan(df: pd.DataFrame) -> str:
-    """The answer line, a short console table of the ranked options, then the warnings."""
+FLAT_CONSOLE = (("rank", 1), ("option", 1), ("fits", 1), ("mem", 1), ("step", 1), ("tokens/s", 2), ("comm", 2),
+                ("comm 95%", 3), ("comm bytes", 4), ("inter-node", 5))  # fmt: skip
+"""The flat plan's console columns and their priority (1 kept longest on a narrow terminal)."""
+
+
+def format_plan(df: pd.DataFrame, cols: int | None = None) -> str:
+    """The answer line, a short console table of the ranked options, then the warnings: times with their units,
+    sizes in GB, no line wider than the terminal."""
     if df.empty:
         return "# no option"
+    cols = cols or width()
+
+    def gb(v: float) -> str:
+        return "-" if pd.isna(v) else fmt_gb(float(v))
+
     view = pd.DataFrame(
         {
-            "rank": df["rank"],
+            "rank": df["rank"].astype(str),
             "option": df["strategy"] + "/" + df["precision"],
             "fits": df["fits"].map(lambda v: "" if v is None else ("yes" if v else "NO")),
-            "mem_GB": df["mem_total_bytes"] / 1e9,
-            "comm_GB": df["comm_bytes_per_step"] / 1e9,
-            "inter_GB": df["comm_bytes_inter"] / 1e9,
-            "comm_ms": df["comm_time_s"] * 1e3,
-            "comm_ms_95%": _ms_interval(df["comm_time_low_s"], df["comm_time_high_s"]),
-            "step_ms": df["step_time_s"] * 1e3,
-            "tokens/s": df["tokens_per_s"],
+            "mem": [gb(v) for v in df["mem_total_bytes"]],
+            "step": [fmt_time(float(v)) for v in df["step_time_s"]],
+            "tokens/s": [fmt_rate(float(v)) for v in df["tokens_per_s"]],
+            "comm": [fmt_time(float(v)) for v in df["comm_time_s"]],
+            "comm 95%": [f"{fmt_time(float(a))}-{fmt_time(float(b))}" if pd.notna(a) else "-"
+                         for a, b in zip(df["comm_time_low_s"], df["comm_time_high_s"], strict=True)],
+            "comm bytes": [gb(v) for v in df["comm_bytes_per_step"]],
+            "inter-node": [gb(v) for v in df["comm_bytes_inter"]],
         }
-    )
-    lines = [answer_line(df), view.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-")]
+    )  # fmt: skip
+    lines = [*wrap(answer_line(df), cols), *table_lines(view, cols, FLAT_CONSOLE)]
     for opt, w in warnings(df):
-        lines.append(f"# {opt}: {w}")
+        lines += wrap(f"# {opt}: {w}", cols)
     return "\n".join(lines)
 
 
