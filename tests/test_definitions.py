@@ -324,7 +324,7 @@ def test_check_expectations_agree_with_references_for_every_collective(n: int) -
 def test_configuration_refusals_are_one_line() -> None:
     from commbench.measure.collectives import check_configuration
 
-    with pytest.raises(ValueError, match=r"root 4 is not a rank of a group of 2 \(valid roots: 0..1\)"):
+    with pytest.raises(ValueError, match=r"broadcast: root 4 \(-r\) is not a rank of a group of 2 \(valid roots: 0..1\)"):
         check_configuration(["broadcast"], 4, "sum", "gloo", 2)
     with pytest.raises(ValueError, match="gloo has no 'avg'"):
         check_configuration(["reduce"], 0, "avg", "gloo", 2)

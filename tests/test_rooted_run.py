@@ -50,3 +50,14 @@ def test_rooted_and_p2p_collectives_run_with_nccl_tests_flags(tmp_path: Path) ->
     # nccl-tests' count column: the buffer for broadcast/reduce/sendrecv, one rank's share for gather/scatter
     one = df[(df["fp32_bytes"] == 4096) & (df["precision"] == "fp32")].set_index("collective")["count"]
     assert one["broadcast"] == one["reduce"] == one["sendrecv"] == 1024 and one["gather"] == one["scatter"] == 512
+
+
+@pytest.mark.timeout(120)
+def test_a_root_outside_the_world_or_an_op_gloo_lacks_is_one_line_before_anything_runs(tmp_path: Path) -> None:
+    for flags, words in ((["-r", "2"], ["broadcast", "root 2", "0..1"]), (["-o", "avg"], ["reduce", "'avg'", "gloo"])):
+        out = tmp_path / "never"
+        p = commbench("run", "--collectives", "broadcast,reduce", "--nproc", "2", *flags, "--out", str(out), cwd=tmp_path)
+        assert p.returncode == 2, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and all(w in lines[0] for w in words), lines
+        assert not out.exists()

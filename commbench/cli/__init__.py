@@ -212,6 +212,9 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     backend = resolve_backend(requested, 0, nproc)
     if suite.timing.device_timer == "events" and backend != "nccl":
         raise CLIError(f"--device-timer events needs CUDA devices: this run would use {backend} on the CPU; use --device-timer host")
+    from commbench.measure.collectives import check_configuration
+
+    check_configuration(suite.collectives, suite.root, suite.op, backend, nproc)  # -r, -o: before anything is spawned
     # the supervisor never touches CUDA: free device memory comes from NVML (None without it: the check is skipped)
     memory_check(suite, nproc, backend, nproc, device_free=supervisor_free_memory(backend))
     child_argv = list(argv)

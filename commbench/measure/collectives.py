@@ -193,9 +193,9 @@ class Collective(ABC):
     def unsupported(self, backend: str, n: int) -> str | None:
         """Why this configuration cannot run on ``backend`` with ``n`` ranks (one line), None when it can."""
         if self.rooted and self.root >= n:
-            return f"root {self.root} is not a rank of a group of {n} (valid roots: 0..{n - 1})"
+            return f"root {self.root} (-r) is not a rank of a group of {n} (valid roots: 0..{n - 1})"
         if self.reduces and backend == "gloo" and self.redop not in GLOO_OPS:
-            return f"gloo has no {self.redop!r} reduction (valid on gloo: {', '.join(GLOO_OPS)}; avg needs NCCL)"
+            return f"gloo has no {self.redop!r} reduction (-o; valid on gloo: {', '.join(GLOO_OPS)}; avg needs NCCL)"
         return None
 
     def scale_invariant(self) -> bool:
@@ -451,4 +451,4 @@ def check_configuration(names: Sequence[str], root: int, op: str, backend: str, 
         coll = get_collective(name).configured(root=root, op=op)
         why = Collective.unsupported(coll, backend, world_size)  # the root and op rules, not a collective's own
         if why is not None:
-            raise ValueError(f"{name} with --root {root} --op {op}: {why}")
+            raise ValueError(f"{name}: {why}")
