@@ -150,6 +150,11 @@ def write_report(
             f"{partial.get('provisional_points', '?')} provisional (rows marked partial: the estimate from "
             f"{partial.get('fewest_passes_done', '?')} or more of {partial.get('passes', '?')} passes)."
         )
+    elif "partial" in run.results.columns and bool(run.results["partial"].eq(True).any()):  # a stop that wrote no why
+        banner.append(
+            f"Partial run: {int(run.results['partial'].eq(True).sum())} point(s) provisional (rows marked partial: "
+            "the estimate from the passes measured before the run stopped)."
+        )
     # atomic: a report open in a browser or read by a script is the old one or the new one, never half of one
     atomic_write_text(html_path, render_html(title, sections, figures, found, banner, findings=said, suite=suite_toml))
     atomic_write_text(
