@@ -36,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from commbench.cluster import compat
 from commbench.measure.chunked import ChunkWire
 from commbench.measure.codec import Codec, get_codec
 
@@ -74,10 +75,10 @@ class Wire:
         return self._cast(x, lambda t: funcol.all_reduce(t, "sum", self.group))
 
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
-        return self._cast(x, lambda t: funcol.reduce_scatter_single(t, "sum", SEQ, self.group))
+        return self._cast(x, lambda t: compat.reduce_scatter_single(t, "sum", SEQ, self.group))
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        return self._cast(x, lambda t: funcol.all_gather_single(t, SEQ, self.group))
+        return self._cast(x, lambda t: compat.all_gather_single(t, SEQ, self.group))
 
     def gather_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The forward all-gather along the sequence: through the codec when there is one."""
@@ -88,7 +89,7 @@ class Wire:
         send = ChunkWire(self.codec, 1, m, x.device)
         send.encode_chunks(flat)
         recv = ChunkWire(self.codec, n, m, x.device)
-        recv.wire.copy_(_wait(funcol.all_gather_single(send.wire, 0, self.group)))
+        recv.wire.copy_(_wait(compat.all_gather_single(send.wire, 0, self.group)))
         out = torch.empty(n * m, dtype=torch.float32, device=x.device)
         recv.decode_chunks(out)
         return torch.cat(out.view(n, *x.shape).unbind(0), dim=SEQ).to(x.dtype)
