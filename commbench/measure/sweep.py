@@ -287,9 +287,10 @@ class Sweep:
         if layout is None:
             return None
         why = coll.unsupported(d.backend, sg.size)  # the suite's root or op in a group too small, or a backend without it
-        if why is not None:
-            for _, pt in group.points:
-                self._skip(pt, group.kind, why)
+        if why is not None:  # every precision of the collective alike: recorded for each, said once
+            if any([self._skip(pt, group.kind, why, say=False) for _, pt in group.points]) and d.rank == 0:
+                entry = {"collective": coll.name, "precision": "every precision", "group": group.kind, "reason": why}
+                console.print_unavailable(entry)
             return None
         live, ops = [], []
         for c, (index, pt) in enumerate(group.points):
@@ -353,14 +354,16 @@ class Sweep:
             raise
         return GroupState(checks, rounds, wire_bytes, has_codec, live, passes_before + 1)
 
-    def _skip(self, pt: Point, kind: str, reason: str) -> None:
-        """Record (and on rank 0 print) a point its precision refused at run time, once per (precision,
-        collective, group): every size of it is skipped alike."""
+    def _skip(self, pt: Point, kind: str, reason: str, say: bool = True) -> bool:
+        """Record (and on rank 0 print, unless not ``say``) a point its precision refused at run time, once per
+        (precision, collective, group): every size of it is skipped alike. True when it was not recorded yet."""
         entry = {"precision": pt.precision.name, "collective": pt.collective.name, "group": kind, "reason": reason}
-        if entry not in self.unavailable:
-            self.unavailable.append(entry)
-            if self.d.rank == 0:
-                console.print_unavailable(entry)
+        if entry in self.unavailable:
+            return False
+        self.unavailable.append(entry)
+        if say and self.d.rank == 0:
+            console.print_unavailable(entry)
+        return True
 
     def finish_group(
         self, group: Group, state: GroupState | None, todo: set[int] | None = None, *, partial: bool = False
