@@ -4,7 +4,9 @@ sendrecv, pp_sendrecv; reduce), registered next to :mod:`commbench.measure.chunk
 - Data movement (:class:`ChunkedMove`): the collective itself moves the packed chunks (codes followed by their
   scales) as uint8 bytes, one chunk per nccl-tests ``count`` elements: the buffer for broadcast and the
   point-to-point sends, one rank's share for gather and scatter, so a chunk's scales travel with its codes and
-  every receiver decodes what it got on its own. One encoding, as all_gather's.
+  every receiver decodes what it got on its own. One encoding, as all_gather's. Every rank runs every phase (the
+  ranks off the root encode what they do not send, decode what they do not keep): alongside the root's, so the
+  time of a phase, which its slowest rank sets, is the root's.
 - reduce (:class:`ChunkedReduce`): all_reduce's algorithm (all_to_all of the per-destination chunks, decode and
   **sum in float32**, re-encode the owned partial sum) with the last stage a gather to the root instead of an
   all-gather: two encodings, the root decodes the n gathered partial sums.
