@@ -152,3 +152,11 @@ def test_calls_keep_their_size_per_pass() -> None:
         "reduce_scatter:float": 2,  # once per unit
         "all_reduce:float": 1,  # a found-inf flag: less than a pass, one call
     }
+
+
+def test_a_listed_degree_the_model_cannot_take_is_one_line_exit_2(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    rc = cli.main(["plan", "--model-preset", "llama3-8b", "--gpus", "8", "--tp", "3", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--tp 3 must divide the heads (32) and kv heads (8); valid: 1, 2, 4, 8" in err
+    assert len(err.strip().splitlines()) == 1

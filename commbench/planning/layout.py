@@ -82,6 +82,8 @@ def check_layout(p: Parallel, m: ModelShape, gpus: int | None = None) -> None:
     rank."""
     for name in ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch"):
         _int(name, getattr(p, name), hi=MAX_GPUS if name != "global_batch" else 2**40)
+    if p.gpus > MAX_GPUS:
+        raise ValueError(f"tp*pp*dp*cp = {p.gpus} GPUs is more than {MAX_GPUS}: not a cluster anyone runs")
     if m.heads % p.tp or m.kv_heads % p.tp:
         valid = [d for d in range(1, m.kv_heads + 1) if m.kv_heads % d == 0 and m.heads % d == 0]
         raise ValueError(f"--tp {p.tp} must divide the heads ({m.heads}) and kv heads ({m.kv_heads}); valid: "

@@ -83,9 +83,9 @@ def efficiency(g: GPU, kernel_efficiency: float | None, compute_ms: float | None
                             ("--mfu", mfu)) if v is not None]  # fmt: skip
     if len(given) > 1:
         raise ValueError(f"give one of --kernel-efficiency, --compute-ms, --mfu (got {' and '.join(given)})")
-    for name, v in (("kernel_efficiency", kernel_efficiency), ("mfu", mfu)):
+    for name, v in (("--kernel-efficiency", kernel_efficiency), ("--mfu", mfu)):
         if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):
-            raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+            raise ValueError(f"{name} must be a fraction in (0, 1], got {v!r}")
     if kernel_efficiency is not None:
         k = float(kernel_efficiency)
         return (k, k, k), f"FLOPs at kernel efficiency {k:g} (given)"

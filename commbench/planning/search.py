@@ -190,6 +190,12 @@ def search(
         for v in vals:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    for t in tp or []:  # a degree the user lists must exist for the model: one line, not every layout ruled out
+        check_layout(Parallel(tp=t), shape)
+    for p_ in pp or []:
+        check_layout(Parallel(pp=p_), shape)
+    for c_ in cp or []:
+        check_layout(Parallel(cp=c_), shape)
     gb = global_batch if global_batch is not None else max(1, round(global_batch_tokens / shape.seq))
     pricer = Pricer(g, gpn, load_model(model))
     setting = Setting(shape, g, gpn, effs, compute, mfu, overlap, gb, recompute, optimizer, attention,
