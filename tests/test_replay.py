@@ -294,3 +294,28 @@ def test_gpu_replay_check_refuses_without_cuda() -> None:
     script = Path(__file__).parent.parent / "benchmarks" / "gpu_replay_check.py"
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no CUDA" in r.stderr
+
+
+HTA_TRACE = Path(__file__).parent / "data" / "traces" / "hta_resnet_nccl_rank0.json.gz"
+
+
+def test_real_nccl_trace() -> None:
+    """A real NCCL trace (HolisticTraceAnalysis' test data, see tests/data/traces/README.md): per step, one call per
+    c10d operator; over the three steps, the calls are the NCCL kernels, whose metadata Kineto writes from the same
+    call a second time (HTA's own test counts 21 NCCL kernels, the largest all_reduce of 2049000 elements)."""
+    raw = json.loads(gzip.decompress(HTA_TRACE.read_bytes()))
+    ev = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
+    t = read_trace(HTA_TRACE)
+    assert (t.backend, t.world_size, t.steps) == ("nccl", 2, [4, 5, 6])
+    assert not t.unread
+    for s in t.steps:
+        lo, hi = t.step_spans[s]
+        ops = [e["name"] for e in sorted(ev, key=lambda e: e["ts"]) if e["name"].startswith("c10d::") and lo <= e["ts"] <= hi]
+        calls = step_calls(t, s)
+        assert len(calls) == len(ops) == 7
+        assert [c.collective for c in calls] == [o.removeprefix("c10d::").rstrip("_").replace("allreduce", "all_reduce") for o in ops]
+    names = {"allreduce": "all_reduce", "broadcast": "broadcast"}
+    kernels = sorted((names[e["args"]["Collective name"]], e["args"]["In msg nelems"]) for e in ev if e.get("cat") == "kernel")
+    assert len(kernels) == 21
+    assert sorted((c.collective, c.numel) for c in t.calls) == kernels
+    assert ("all_reduce", 2049000) in kernels and all(c.dtype in ("float32", "int64") for c in t.calls)
