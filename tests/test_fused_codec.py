@@ -91,6 +91,33 @@ def test_one_compile_per_shape_and_reported(wires: dict[str, Any]) -> None:
     assert wires["report"]["graphs"] == wires["graphs"] and wires["report"]["compile_s"] > 0
 
 
+@needs_cxx
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sizes_share_a_graph(wires: dict[str, Any]) -> None:
+    """The graphs take their sizes as symbols: another chunk size of the same layout compiles nothing, and gives
+    the eager bits."""
+    name, packed, n, _ = CASES[1]
+    fp8.use_kernel(False)
+    try:
+        fp8.use_fused(True)
+        got = {m: _wire_results(name, packed, n, m) for m in (256, 512, 1024)}
+        compiled = len(fused.COMPILE_S)
+        fp8.use_fused(False)
+        want = {m: _wire_results(name, packed, n, m) for m in (256, 512, 1024)}
+    finally:
+        fp8.use_fused(None)
+        fp8.use_kernel(True)
+    assert compiled == 3, fused.COMPILE_S  # encode, decode, reducing decode: once for the three sizes
+    for m in got:
+        for what in want[m]:
+            assert (
+                same_floats(got[m][what], want[m][what])
+                if want[m][what].is_floating_point()
+                else torch.equal(got[m][what], want[m][what])
+            ), (m, what)
+
+
 def test_compile_failure_falls_back_to_eager_once(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -24,10 +24,11 @@ The all_reduce's sum of decoded chunks adds them in source order 0..k-1 from +0.
 what eager ``torch.sum`` over the chunk dimension does on CPU (tested); on CUDA eager's reduction order may differ
 from it in the last bit for k > 2 (within the fp32 term of the error bound; the C kernel differs alike).
 
-Compiling: one graph per (codec, shape, strides), compiled on its first call (the check pass, before any timed
-call) and kept for the process; each has its own dynamo cache (a fresh code object per key), so no shape evicts
-another or meets dynamo's recompile limit. The seconds spent compiling are kept (:func:`compile_report`). When
-compiling is unavailable (``COMMBENCH_FP8_FUSED=0``, no Triton on CUDA, no C++ compiler on CPU) or fails, the
+Compiling: one graph per (codec, chunk count, layout: dense or packed rows, alignment, a short last block or
+not), its sizes symbolic (``dynamic=True``), so a sweep's sizes share it; compiled on its first call (the check
+pass, before any timed call) and kept for the process; each has its own dynamo cache (a fresh code object per
+key), so no key evicts another or meets dynamo's recompile limit. The seconds spent compiling are kept
+(:func:`compile_report`). When compiling is unavailable (``COMMBENCH_FP8_FUSED=0``, no Triton on CUDA, no C++ compiler on CPU) or fails, the
 eager path runs, and :func:`note` says so once per process.
 """
 
@@ -139,17 +140,19 @@ def reset(enabled: bool = True) -> None:
 
 
 def _layout(t: torch.Tensor | None) -> tuple[Any, ...] | None:
-    return (
-        None
-        if t is None
-        else (tuple(t.shape), t.stride(), t.dtype, t.device.type, t.storage_offset() * t.element_size() % 16)
-    )
+    """What a graph is specialised on besides the sizes, which it takes as symbols: dtype, device, whether the rows
+    are dense (a split wire) or strided (the packed one), the byte alignment."""
+    if t is None:
+        return None
+    dense = t.dim() < 2 or t.stride(0) == t.shape[1]
+    return (t.dim(), t.dtype, t.device.type, dense, t.storage_offset() * t.element_size() % 16)
 
 
 def _run(key: tuple[Any, ...], build: Callable[[], Graph], reads: int, *args: torch.Tensor | None) -> bool:
     """Run the graph of ``key`` (compiling it first on its first call) on ``args``, of which the first ``reads``
     are read and the others written; False when the fused path is unavailable or compiling fails (then it stays
-    off for this process, said once, and the caller runs eager)."""
+    off for this process, said once, and the caller runs eager). A graph takes its sizes as symbols
+    (``dynamic=True``), so one compile serves every size of a sweep with the same ``key`` and layouts."""
     global _failed
     if _failed is not None:
         return False
@@ -169,7 +172,7 @@ def _run(key: tuple[Any, ...], build: Callable[[], Graph], reads: int, *args: to
             None,
             fn.__closure__,
         )
-        graph = torch.compile(fresh, dynamic=False, fullgraph=True)
+        graph = torch.compile(fresh, dynamic=True, fullgraph=True)
     from torch.utils._python_dispatch import _disable_current_modes
 
     t0 = time.perf_counter()
@@ -244,23 +247,23 @@ def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | Non
     ``[k, num_scales(m)]`` float32, as :func:`commbench.measure.fp8_eager.encode_rows` does, in one graph.
     False when the fused path did not run (the caller runs the eager one)."""
     k, m = x.shape
-    run = sc.run_length(m)
+    block = sc.run_length(m) if sc.name == "block" else None  # None: the whole row shares one scale
     scaled = sc.scaled
 
     def build() -> Graph:
         import torch
 
         to_scale = _scale_fn(f)
-        parts = _parts(m, run)
 
         def fp8_encode(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None) -> None:
+            k, m = x.shape
             if not scaled:
                 fin = torch.where(torch.isfinite(x), x, 0.0)
                 y = torch.clamp(fin, -f.max, f.max)
                 codes.copy_(_special_codes(f, sc, x, y.to(f.dtype).view(torch.uint8)))
                 return
             assert scales is not None
-            for lo, hi, first, nb in parts:
+            for lo, hi, first, nb in _parts(m, m if block is None else block):
                 xp = x[:, lo:hi]
                 fin = torch.where(torch.isfinite(xp), xp, 0.0).view(k, nb, -1)
                 s = to_scale(fin.abs().amax(dim=2))
@@ -270,7 +273,9 @@ def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | Non
 
         return fp8_encode
 
-    return _run(("enc", f.name, sc.name, run), build, 1, x, codes, scales if scaled else None)
+    tail = block is not None and m % block != 0
+    short = block is not None and m < block
+    return _run(("enc", f.name, sc.name, block, k, tail, short, m == 1), build, 1, x, codes, scales if scaled else None)
 
 
 def decode_rows(
@@ -280,15 +285,15 @@ def decode_rows(
     ``out`` ``[k, m]``, or with ``reduce`` the float32 sum of the k decoded rows into ``out`` ``[m]``, in one
     graph; False when the fused path did not run."""
     k, m = codes.shape
-    run = sc.run_length(m)
+    block = sc.run_length(m) if sc.name == "block" else None
     scaled = sc.scaled
 
     def build() -> Graph:
         import torch
 
-        parts = _parts(m, run) if scaled else [(0, m, 0, 0)]
-
         def fp8_decode(codes: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor) -> None:
+            k, m = codes.shape
+            parts = _parts(m, m if block is None else block) if scaled else [(0, m, 0, 0)]
             for lo, hi, first, nb in parts:
                 v = codes[:, lo:hi].view(f.dtype).to(torch.float32)
                 if scaled:
@@ -307,4 +312,6 @@ def decode_rows(
 
         return fp8_decode
 
-    return _run(("dec", f.name, sc.name, run, reduce), build, 2, codes, scales if scaled else None, out)
+    tail = block is not None and m % block != 0
+    key = ("dec", f.name, sc.name, block, reduce, k, tail, block is not None and m < block, m == 1)
+    return _run(key, build, 2, codes, scales if scaled else None, out)
