@@ -55,12 +55,15 @@ def test_rules_rank_and_reasons(grid: pd.DataFrame) -> None:
     out = grid[grid["ruled_out"] != ""]
     assert (out["rank"] > len(ok)).all()
     assert set(out[out["precision"] == "fp8"]["strategy"]) >= {"fsdp", "zero1"}  # fp8 needs DDP's hook
-    kv = search(model_preset="llama2-7b", kv_heads=2, gpus=[8], tp=[4], pp=[1], vpp=[1], micro_batch=1,
-                strategies=["fsdp"], precisions=["bf16"])  # fmt: skip
-    assert list(kv["ruled_out"]) == ["--tp 4 must divide the heads (32) and kv heads (2); valid: 1, 2"]
-    deep = search(model_preset="llama2-7b", layers=30, gpus=[64], tp=[1], pp=[32], vpp=[1], micro_batch=1,
+    # a degree the user lists that the model cannot take is bad input (Megatron splits query groups by TP)
+    with pytest.raises(ValueError, match=r"--tp 4 must divide the heads \(32\) and kv heads \(2\); valid: 1, 2"):
+        search(model_preset="llama2-7b", kv_heads=2, gpus=[8], tp=[4], pp=[1], strategies=["fsdp"])
+    with pytest.raises(ValueError, match="--pp 32 is more stages than the model's 30 layers"):
+        search(model_preset="llama2-7b", layers=30, gpus=[64], tp=[1], pp=[32], strategies=["fsdp"])
+    # the default space only holds degrees the model takes: 30 layers on 64 GPUs, PP at most 30
+    deep = search(model_preset="llama2-7b", layers=30, gpus=[64], tp=[8], vpp=[1], micro_batch=1,
                   strategies=["fsdp"], precisions=["bf16"])  # fmt: skip
-    assert list(deep["ruled_out"]) == ["--pp 32 is more stages than the model's 30 layers"]
+    assert set(deep["pp"]) == {1, 2, 4, 8} and deep["tp"].eq(8).all()
     uneven = search(model_preset="llama2-7b", layers=30, gpus=[8], tp=[1], pp=[4], vpp=[1], micro_batch=1,
                     strategies=["fsdp"], precisions=["bf16"])  # fmt: skip
     assert sorted(map(int, uneven.iloc[0]["pp_split"].split(","))) == [7, 7, 8, 8]  # 30 layers on 4 stages
