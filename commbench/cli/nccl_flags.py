@@ -89,12 +89,13 @@ def add_nccl_tests_flags(r: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "-c", "--check-count", dest="check", type=_check_count, metavar="N",
-        help="nccl-tests' -c: 0 = --no-check, N >= 1 = --check (commbench checks each point once)",
+        help="nccl-tests' -c: 0 = --no-check, N >= 1 = --check (commbench checks each point once) (default: the "
+        "suite's check)",
     )  # fmt: skip
     for f in NO_MEANING:
         g.add_argument(
             f.short, f.long, dest=f.dest, type=_int, metavar=f.metavar,
-            help=f"nccl-tests' {f.short}: {f.nccl}; only {f.same}, what commbench does, is accepted",
+            help=f"nccl-tests' {f.short}: {f.nccl}; only {f.same}, what commbench does, is accepted (default: {f.same})",
         )  # fmt: skip
 
 
