@@ -317,6 +317,10 @@ def cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
         prec = get_precision(name)
         extra = f"  options: {helps[name]}" if helps.get(name) else ""
         print(f"  {name:<16} {prec.impl:<10} wire {prec.nccl_type:<9} {prec.description}{extra}")
+    from commbench.core.names import ALIASES
+
+    other = ", ".join(f"{a}={p}" for a, p in ALIASES["precision"].items() if not a.startswith("torch."))
+    print(f"  (also nccl-tests' and torch's names: {other}, torch.<dtype>; -d all: every precision)")
     print("suites:")
     for name, path in available_suites().items():
         print(f"  {name:<16} {path}")
