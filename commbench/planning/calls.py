@@ -5,18 +5,12 @@ A call is one collective at its real size (nccl-tests' size: all_gather the tota
 input, all_reduce the buffer, a send its bytes) on a group of ``n`` ranks spanning ``nodes`` nodes, with
 ``concurrent`` groups of its kind crossing each node's NICs at once.
 
-From the GPU preset (no measurement), NCCL's own ring model (``src/graph/tuning.cc``, ``ncclTopoTuneModel``, the
-Simple protocol that large calls use): a ring of ``n`` ranks over ``k`` nodes takes ``steps = n-1`` per pass
-(all_gather, reduce_scatter: one pass; all_reduce: two), of which ``k-1`` per pass cross the network, so
-
-    time = base + (steps - inter_steps) * lat_intra + inter_steps * lat_inter + bus_factor(n) * S / busbw
-
-with ``base`` = 8.4 us, ``lat_intra`` = 3.4 us per NVLink step and ``lat_inter`` = 9.6 us per network step (the
-table's Ring/Simple entries). Latency grows with the ranks: a ring over a million ranks pays a million steps.
-A point-to-point send is one step. ``busbw`` is NVLink's within a node; across nodes the lesser of NVLink and the
-node's NICs (one per GPU) shared by the ``concurrent`` groups crossing them (:class:`~commbench.planning.pricing.StatedLinks`);
-times the link efficiency :data:`~commbench.planning.pricing.STATED_EFFICIENCY` (80 %, interval 50-100 %).
-The latency's interval is :data:`LATENCY_RANGE` (x0.5: the LL/LL128 protocols of small calls; x2: jitter and
+From the GPU preset (no measurement): NCCL's ring latency per step (:mod:`commbench.planning.ring`: a ring over a
+million ranks pays a million steps) plus the bus bytes over the link's bus bandwidth: NVLink's within a node; across
+nodes the lesser of NVLink and the node's NICs (one per GPU) shared by the ``concurrent`` groups crossing them
+(:class:`~commbench.planning.pricing.StatedLinks`), at the link efficiency
+:data:`~commbench.planning.pricing.STATED_EFFICIENCY` (80 %, interval 50-100 %); the latency's interval is
+:data:`~commbench.planning.ring.LATENCY_RANGE` (x0.5: the LL/LL128 protocols of small calls; x2: jitter and
 stragglers at scale).
 
 From a cost model (``commbench fit`` on the user's cluster, or an imported nccl-tests log), the call is priced by

@@ -407,8 +407,9 @@ def _layer_traffic(s: Setup, p: Parallel) -> float:
 def _optimizer_s(s: Setup, p: Parallel, m: ModelShape, split: tuple[int, ...], k: int) -> float:
     """The optimizer step at the HBM bandwidth (module docstring); the interval at 100 %, 80 %, 50 % of it."""
     psi = _largest_stage(m, split) / p.tp
-    if s.strategy.dp.shards_optimizer:
-        psi /= p.dp * p.cp
+    if s.strategy.dp.shards_optimizer:  # over DP x CP; HSDP over its shard group within a node
+        n = p.dp * p.cp
+        psi /= min(n, s.gpus_per_node) if s.strategy.dp.hybrid else n
     prec, opt = s.precision, s.optimizer
     per = 2.0 * (prec.master_bytes + opt.moment_bytes) + prec.grad_bytes + prec.param_bytes
     return psi * per / (s.gpu.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k])
