@@ -260,3 +260,25 @@ def test_a_pass_cut_short_is_journaled_incomplete_and_resumed_where_it_stopped(t
     rows.append(pass_entry(key, ["fp32"], after, got.rounds, 1, 3))
     again = restore(rows, {key: ["fp32"]})[key]
     assert again.passes == 2 and again.rounds.samples == rest.samples and again.rounds.elapsed_s == pytest.approx(0.4)
+
+
+def test_the_first_stopping_signal_wins_for_its_grace_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import signal
+
+    from commbench.cli import orchestrate
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        orchestrate._term_as_interrupt()
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # the launcher's answer, within the grace period: ignored
+        monkeypatch.setattr(orchestrate, "STOP_GRACE_S", 0.0)  # a second Ctrl-C once it is over: raises again
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)

@@ -208,20 +208,26 @@ def nccl_debug_path(out: Any, rank: int) -> Path:
     return base / f"nccl.{socket.gethostname()}.rank{rank}.log"
 
 
+STOP_GRACE_S = 2.0
+"""Seconds after a stopping signal during which a rank ignores the next one (see :func:`_term_as_interrupt`)."""
+
+
 def _term_as_interrupt() -> None:
     """SIGINT and SIGTERM (Ctrl-C; a launcher stopping its ranks, a batch system's time limit) unwind as a
     KeyboardInterrupt naming the signal, so rank 0 records in the metadata that the run is partial and why (the
-    default SIGTERM would end the process where it stands). The first signal wins: the launcher answers a Ctrl-C
-    by terminating its ranks, and that second signal must not cut short what the first one's unwinding writes
-    (the launcher kills after a grace period). Only where nobody else has claimed the signal."""
+    default SIGTERM would end the process where it stands). The first signal wins for :data:`STOP_GRACE_S`: the
+    launcher answers a Ctrl-C by terminating its ranks, and that second signal must not cut short what the first
+    one's unwinding writes (the launcher kills after a grace period); a signal after that (a user's second Ctrl-C at
+    a rank that does not end) raises again. Only where nobody else has claimed the signal."""
     import signal
+    import time
 
-    stopping: list[int] = []
+    stopping: list[float] = []
 
     def stop(signum: int, frame: Any) -> None:
-        if stopping:
+        if stopping and time.monotonic() - stopping[0] < STOP_GRACE_S:
             return
-        stopping.append(signum)
+        stopping.append(time.monotonic())
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
