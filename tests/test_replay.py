@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -319,3 +320,31 @@ def test_real_nccl_trace() -> None:
     assert len(kernels) == 21
     assert sorted((c.collective, c.numel) for c in t.calls) == kernels
     assert ("all_reduce", 2049000) in kernels and all(c.dtype in ("float32", "int64") for c in t.calls)
+
+
+def test_older_torch_trace() -> None:
+    """A real trace of an older torch (HTA's sampled_rank-0, see tests/data/traces/README.md): its record_param_comms
+    carry no fields and its c10d::allreduce_ records no shapes, so each all_reduce is sized by the nccl:all_reduce
+    record inside it; its all_gathers ran on a 64-rank group the trace does not list, and are named as unread."""
+    path = Path(__file__).parent / "data" / "traces" / "hta_sampled_torch20_rank0.json.gz"
+    raw = json.loads(gzip.decompress(path.read_bytes()))
+    ev = sorted((e for e in raw["traceEvents"] if e.get("ph") == "X"), key=lambda e: e["ts"])
+    t = read_trace(path)
+    inner = [
+        math.prod(_flat(w["args"]["Input Dims"]))
+        for o in ev if o["name"] == "c10d::allreduce_"
+        for w in ev if w["name"] == "nccl:all_reduce" and o["ts"] <= w["ts"] <= o["ts"] + o["dur"]
+    ]  # fmt: skip
+    got = [c.numel for c in sorted(t.calls, key=lambda c: c.ts_us) if c.collective == "all_reduce"]
+    assert got == inner and len(got) == 4 and all(c.dtype == "float32" for c in t.calls if c.collective == "all_reduce")
+    a2a = [(math.prod(o["args"]["Input Dims"][1])) for o in ev if o["name"] == "c10d::alltoall_base_"]
+    assert [c.numel for c in sorted(t.calls, key=lambda c: c.ts_us) if c.collective == "all_to_all"] == a2a
+    assert t.unread == {"c10d::_allgather_base_: process group not recorded: a 64-rank group, and the trace lists none holding rank 0": 2}
+    assert all(c.group == tuple(range(128)) for c in t.calls)
+
+
+def _flat(dims: Any) -> list[int]:
+    """The shape inside a Kineto dims entry (``[[[n]]]`` for a one-tensor list)."""
+    while dims and isinstance(dims[0], list):
+        dims = dims[0]
+    return list(dims)

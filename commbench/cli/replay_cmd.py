@@ -151,10 +151,21 @@ def print_calls(traces: list[Trace], step: int) -> None:
         for r in step_rows(step_calls(t, step)):
             where = placement(traces, r.group)
             print(
-                f"  {r.collective:<15} {r.size_bytes:>12} B {r.dtype:<9} group {r.group_name} {list(r.group or [])} "
+                f"  {r.collective:<15} {r.size_bytes:>12} B {r.dtype:<9} group {r.group_name} {ranks_text(r.group)} "
                 f"({where})  x{r.calls_per_step}"
             )
         _print_counts(t)
+
+
+def ranks_text(group: tuple[int, ...] | None) -> str:
+    """``[0, 2]``; a long group as ``[0..127] (128 ranks)`` when consecutive, else its first ranks."""
+    if group is None:
+        return "[?]"
+    if len(group) <= 8:
+        return str(list(group))
+    if list(group) == list(range(group[0], group[0] + len(group))):
+        return f"[{group[0]}..{group[-1]}] ({len(group)} ranks)"
+    return f"[{', '.join(map(str, group[:4]))}, ...] ({len(group)} ranks)"
 
 
 def _print_counts(t: Trace) -> None:

@@ -212,7 +212,10 @@ class OpEvent:
     """Kineto's args (``record_param_comms`` fields)."""
     dtype_hint: str | None = None
     """A list argument's dtype when the record leaves it out (Kineto writes ``TensorList``): from the backend's work
-    item (:func:`commbench.store.trace_kineto.pair_gloo`)."""
+    item (:func:`commbench.store.trace_kineto.pair_work`)."""
+    dims_hint: list[Any] | None = None
+    """The first argument's shapes when the record holds none (older torch writes a list argument as ``[]``): from
+    the backend's work item."""
 
 
 @dataclass(slots=True)
@@ -320,7 +323,10 @@ def c10d_call(ev: OpEvent) -> tuple[str, int, int, str, str | None, int | None]:
         if coll in NOT_CALLS:
             return coll, 0, 0, "", None, None
         if how == "list":
-            n, _ = _flat_numel(ev.dims[0])
+            listed = ev.dims[0] if ev.dims[0] != [] else ev.dims_hint
+            if not listed:
+                raise TraceError("input shapes not recorded")
+            n, _ = _flat_numel(listed)
             nin = nout = n
             dtype = dtype_of(ev.types[0]) if ev.types else None
         else:
@@ -386,6 +392,8 @@ def resolve_group(
     if len(fits) == 1:
         ranks = next(iter(fits))
         return ranks, next(g.name for g in groups.values() if g.ranks == ranks)
+    if size is not None and not fits:
+        return None, f"process group not recorded: a {size}-rank group, and the trace lists none holding rank {rank}"
     return None, f"process group not recorded ({len(sets)} groups hold rank {rank})"
 
 

@@ -4,9 +4,10 @@ ranks), the ``ProfilerStep#N`` spans, the communication calls (:mod:`commbench.s
 kernels.
 
 A call is read from ``record_param_comms`` where the trace has it (NCCL); its enclosing c10d operator is then the
-same call and is skipped. Without it (gloo), from the c10d operator; Kineto writes a list argument's type as
-``TensorList``, so a list-taking operator's dtype comes from the gloo work item it queued (``gloo:<collective>``,
-on gloo's worker threads, with the tensor's type): :func:`pair_gloo`. An operator nested in another communication
+same call and is skipped. Without it (gloo; an older torch's record without fields), from the c10d operator; Kineto
+writes a list argument's type as ``TensorList`` (and older torch its shapes as ``[]``), so a list-taking operator's
+dtype (and shape) comes from the work item it queued (``gloo:<collective>`` on gloo's worker threads,
+``nccl:<collective>`` inside the operator, each with the tensor's shape and type): :func:`pair_work`. An operator nested in another communication
 operator on the same thread (a functional collective calling c10d) is the outer call.
 """
 
@@ -21,20 +22,21 @@ from commbench.store.trace_calls import Group, OpEvent, Trace, TraceError, add_c
 
 STEP = re.compile(r"ProfilerStep#(\d+)$")
 
-_GLOO_WORK: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("gloo:all_reduce",),
+_WORK: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("gloo:all_reduce", "nccl:all_reduce"),
     # gloo runs reduce_scatter_tensor as an all_reduce of the whole input (ProcessGroupGloo::_reduce_scatter_base)
-    "reduce_scatter": ("gloo:reduce_scatter", "gloo:all_reduce"),
-    "all_gather": ("gloo:all_gather",),
-    "all_to_all": ("gloo:all_to_all",),
-    "broadcast": ("gloo:broadcast",),
-    "reduce": ("gloo:reduce",),
-    "send": ("gloo:send",),
-    "recv": ("gloo:recv",),
-    "gather": ("gloo:gather",),
-    "scatter": ("gloo:scatter",),
+    "reduce_scatter": ("gloo:reduce_scatter", "gloo:all_reduce", "nccl:_reduce_scatter_base", "nccl:reduce_scatter"),
+    "all_gather": ("gloo:all_gather", "nccl:_all_gather_base", "nccl:all_gather"),
+    "all_to_all": ("gloo:all_to_all", "nccl:all_to_all"),
+    "broadcast": ("gloo:broadcast", "nccl:broadcast"),
+    "reduce": ("gloo:reduce", "nccl:reduce"),
+    "send": ("gloo:send", "nccl:send"),
+    "recv": ("gloo:recv", "nccl:recv"),
+    "gather": ("gloo:gather", "nccl:gather"),
+    "scatter": ("gloo:scatter", "nccl:scatter"),
 }
-"""The gloo work items a c10d operator queues, by its collective."""
+"""The backend's work items a c10d operator queues, by its collective: gloo's on its worker threads, ProcessGroupNCCL's
+``nccl:<collective>`` record inside the operator. Each carries the input tensor's shape and type (``record_shapes``)."""
 
 _C10D_COLLECTIVE = {
     "c10d::allreduce_": "all_reduce", "c10d::allreduce_coalesced_": "all_reduce", "c10d::broadcast_": "broadcast",
@@ -85,9 +87,11 @@ def _first_shape(dims: Any) -> Any:
     return dims
 
 
-def pair_gloo(ops: list[OpEvent], work: list[OpEvent]) -> None:
-    """Give each c10d operator the dtype of the gloo work item it queued: the earliest unclaimed one of its kind,
-    starting after it, with its tensor's shape. An operator left without one keeps ``dtype_hint`` None."""
+def pair_work(ops: list[OpEvent], work: list[OpEvent]) -> None:
+    """Give each c10d operator what its backend's work item records of it: the earliest unclaimed one of its kind
+    starting after it, with its tensor's shape, or, for an operator whose list argument's shapes were not recorded
+    (older torch writes ``[]``), the one inside its span. The work's dtype fills a ``TensorList``'s missing one
+    (``dtype_hint``), its shape a missing shape (``dims_hint``); an operator left without one keeps both None."""
     by_name: dict[str, list[OpEvent]] = defaultdict(list)
     for w in sorted(work, key=lambda w: w.ts):
         by_name[w.name].append(w)
@@ -98,12 +102,15 @@ def pair_gloo(ops: list[OpEvent], work: list[OpEvent]) -> None:
         if coll is None or not op.dims:
             continue
         shape = _first_shape(op.dims[1] if coll in ("all_gather", "reduce_scatter", "all_to_all") else op.dims[0])
+        unknown = shape == [] and op.dims[0] == []  # an empty list: nothing recorded of the tensors
         best: OpEvent | None = None
-        for name in _GLOO_WORK[coll]:
+        for name in _WORK[coll]:
             ws = by_name.get(name, [])
             for i in range(bisect.bisect_left(starts.get(name, []), op.ts), len(ws)):  # work starts after its call
                 w = ws[i]
-                if id(w) in claimed or _first_shape(w.dims[:1]) != shape:
+                if unknown and w.ts > op.ts + op.dur:
+                    break
+                if id(w) in claimed or (not unknown and _first_shape(w.dims[:1]) != shape):
                     continue
                 if best is None or w.ts < best.ts:
                     best = w
@@ -111,6 +118,7 @@ def pair_gloo(ops: list[OpEvent], work: list[OpEvent]) -> None:
         if best is not None:
             claimed.add(id(best))
             op.dtype_hint = dtype_of(best.types[0]) if best.types else None
+            op.dims_hint = best.dims[:1] if unknown and best.dims else None
 
 
 def _outermost(events: list[OpEvent]) -> tuple[list[OpEvent], list[OpEvent], list[OpEvent]]:
@@ -183,8 +191,14 @@ def read_kineto(path: str, data: dict[str, Any]) -> Trace:
         else:
             comm.append(_op(e))
     trace.steps = sorted(trace.step_spans)
+    old = [e for e in comm if e.name == "record_param_comms" and "Collective name" not in e.args]
+    if old:  # torch < 2.1 recorded no fields in it: its c10d operator is the call
+        trace.skipped[
+            "record_param_comms (an older torch's, without its fields: the call is read from its operator)"
+        ] += len(old)
+        comm = [e for e in comm if not (e.name == "record_param_comms" and "Collective name" not in e.args)]
     calls, nested, holders = _outermost(comm)
-    pair_gloo([c for c in calls if c.name.startswith("c10d::")], work)
+    pair_work([c for c in calls if c.name.startswith("c10d::")], work)
     for w in work:
         trace.skipped[f"{w.name} (the backend's work item of a call)"] += 1
     for e in nested:

@@ -99,7 +99,7 @@ def load_traces(paths: list[Path]) -> list[Trace]:
         )
     if not any(t.calls for t in traces):
         t = traces[0]
-        why = f"; unread: {describe(t.unread)}" if t.unread else ""
+        why = f"; unread: {describe(t.unread)}" if t.unread else f"; not calls: {describe(t.skipped)}" if t.skipped else ""
         raise TraceError(f"{t.path}: no communication call in the trace{why}")
     return sorted(traces, key=lambda t: t.rank)
 
