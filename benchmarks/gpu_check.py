@@ -69,8 +69,18 @@ from gpu_steps.constants import (  # noqa: E402, F401 - re-exported: the tests a
 from gpu_steps.hook import (  # noqa: E402, F401 - re-exported: the tests and the driver ask gpu_check
     DuckBucket,
     gradient_like,
+    hook_control,
     hook_vs_sync,
     sync_chunked_all_reduce,
+)
+from gpu_steps.probes import (  # noqa: E402, F401 - re-exported: the tests and the driver ask gpu_check
+    agree,
+    events_vs_host,
+    kernels_of,
+    step_counts,
+    step_cuda_graph,
+    step_launch,
+    step_memory,
 )
 from gpu_steps.report import (  # noqa: E402, F401 - re-exported: the tests and the driver ask gpu_check
     StepReport,
@@ -112,7 +122,11 @@ STEPS: dict[str, Callable[[Context, StepReport], None]] = {
     "hook": step_hook,
     "codec_exact": step_codec_exact,
     "codec_speed": step_codec_speed,
+    "counts": step_counts,
     "training": step_training,
+    "memory": step_memory,
+    "launch": step_launch,
+    "cuda_graph": step_cuda_graph,
 }
 """The steps in the order the driver runs them (``gpu_check.sh`` lists them with their timeouts)."""
 

@@ -25,7 +25,7 @@ from tests.distutil import run_in_world
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
-BUDGET_S = 540
+BUDGET_S = 480  # 8 minutes (issue 34)
 
 
 def load_gpu_check() -> ModuleType:
@@ -117,8 +117,16 @@ def test_driver_runs_every_step_after_a_failure_and_summarises(tmp_path: Path) -
     assert [s["limit_s"] for s in data["steps"]] == [limits[n] for n in gc.STEPS]
     text = (out / "summary.txt").read_text()
     assert text in p.stdout  # printed at the end
-    assert "6 of 8 steps passed" in text and text.rstrip().endswith("gpu_check: FAILED")
-    assert (out / "logs" / "hook.log").read_text() == "hook died\n"
+    n = len(gc.STEPS)
+    assert f"{n - 2} of {n} steps passed" in text and text.rstrip().endswith("gpu_check: FAILED")
+    # what comes back from a GPU machine: at most 8 files, the bulk in a temporary folder; the logs in a tarball
+    assert sorted(f.name for f in out.iterdir()) == ["logs.tar.gz", "summary.json", "summary.txt"]
+    import tarfile
+
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        log = tar.extractfile("logs/hook.log")
+        assert log is not None and log.read() == b"hook died\n"
+        assert {"steps.tsv", "steps/native.json"} <= set(tar.getnames())
 
 
 def test_collect_names_a_timeout_and_a_missing_record(tmp_path: Path) -> None:
@@ -477,15 +485,22 @@ def test_compare_codec_finds_each_kind_of_difference() -> None:
 # ------------------------------------------------------------------------------------------------- hook
 
 
-def _hook_world(rank: int, world: int, numel: int) -> dict[str, dict[str, int]]:
+def _hook_world(rank: int, world: int, numel: int) -> dict[str, Any]:
     mod = load_gpu_check()
     cpu = torch.device("cpu")
-    return {name: mod.hook_vs_sync(name, numel, cpu) for name in ("fp8_e4m3", "fp8_e5m2:block128", "fp8_e4m3:none")}
+    found: dict[str, Any] = {name: mod.hook_vs_sync(name, numel, cpu) for name in ("fp8_e4m3", "fp8_e5m2:block128", "fp8_e4m3:none")}
+    rep = mod.StepReport("hook")
+    found["control"] = [mod.hook_control(rep, "fp8_e4m3", numel, cpu), rep.figures]
+    return found
 
 
 @pytest.mark.timeout(120)
 def test_hook_matches_the_synchronous_chunked_all_reduce_on_gloo() -> None:
     (found,) = run_in_world(_hook_world, nproc=1, timeout=100, numel=100_003)
+    # the control on gloo: a work is complete on the host before its stage runs, so removing the waits changes
+    # nothing and the control says the check has no power here (on NCCL it must differ: docs/gpu.md)
+    bad, figures = found.pop("control")
+    assert bad == 0 and figures["hook check power"].startswith("none here"), figures
     for name, by_bucket in found.items():
         calls = ["step0.call0(bucket 0)", "step0.call1(bucket 1)", "step1.call0(bucket 0)", "step1.call1(bucket 0)"]
         assert list(by_bucket) == calls, name
@@ -521,3 +536,13 @@ def test_duck_bucket_and_gradient_like() -> None:
     assert len({math.floor(math.log2(a)) for a in amax}) > 1  # chunks of another magnitude
     b = gc.DuckBucket(x, 3)
     assert b.buffer() is x and b.index() == 3
+
+
+def test_memory_agreement_and_the_probe_steps_need_cuda(tmp_path: Path) -> None:
+    mib = 2**20
+    assert gc.agree(100 * mib, 104 * mib) and gc.agree(10 * mib, 11.5 * mib)  # 5 % or 2 MiB of rounding
+    assert not gc.agree(100 * mib, 132 * mib)  # a 32 MiB workspace in one of them: caught
+    assert not gc.agree(float("nan"), 1.0)
+    for name in ("counts", "memory", "launch", "cuda_graph"):
+        rep = gc.run_step(name, tmp_path, 30)
+        assert not rep.ok and any("no CUDA device" in f or "CUDA" in f for f in rep.failures), (name, rep.failures)

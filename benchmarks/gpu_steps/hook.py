@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpu_steps.codec import bits_of
 
@@ -87,3 +87,24 @@ def hook_vs_sync(
             where = f"step{step}.call{k}(bucket {indices[k]})"
             mismatches[where] = numel if got.shape != ref.shape else int((bits_of(got) != bits_of(ref)).sum())
     return mismatches
+
+
+def hook_control(rep: Any, codec_name: str, numel: int, device: torch.device) -> int:
+    """The positive control of the hook check: the same comparison with the hook's waits removed
+    (``hooks._wait_each`` made a no-op, so a stage reads its buffers without ordering after NCCL's kernels). It
+    must differ somewhere, or the check has no power on this GPU (the race the waits prevent does not show here,
+    so a passing hook check proves nothing about them); the figure says which. Returns the differing elements."""
+    from unittest import mock
+
+    from commbench.training import hooks
+
+    with mock.patch.object(hooks, "_wait_each", lambda futures: None):
+        found = hook_vs_sync(codec_name, numel, device, seed=1)
+    bad = sum(found.values())
+    rep.fig("control: waits removed, differing elements", bad)
+    rep.fig(
+        "hook check power",
+        "yes: with the waits removed the results differ" if bad else
+        "none here: with the waits removed the results still matched, so this GPU shows no race to catch",
+    )  # fmt: skip
+    return bad

@@ -25,7 +25,7 @@ from gpu_steps.constants import (
     SWEEP_SIZES,
     TRAINING_TOML,
 )
-from gpu_steps.hook import hook_vs_sync
+from gpu_steps.hook import hook_control, hook_vs_sync
 from gpu_steps.report import StepReport, size_text
 from gpu_steps.runs import Context, cuda_device, fresh_dir, group_skips, native_args, run_cli, sweep_args, training_args
 
@@ -158,6 +158,7 @@ def step_hook(ctx: Context, rep: StepReport) -> None:
                     bad == 0,
                     f"{name} {where}: {bad} of {numel} elements differ from the synchronous chunked all_reduce",
                 )
+        hook_control(rep, HOOK_CODECS[0], numel, dev)
     finally:
         dist.destroy_process_group()
 
