@@ -8,7 +8,8 @@ The space (each overridable by a list): TP every divisor of the heads and kv hea
 divisor of the GPUs left up to the layers (uneven splits balanced, :func:`commbench.planning.layout.stage_split`);
 virtual stages 1 and 2; CP 1 (and 2, 4, 8 from 16k-token sequences); micro-batches of 1, 2 and 4 sequences; the
 global batch (``global_batch`` sequences, or ``global_batch_tokens``, default 4M tokens) rounded per layout to whole
-micro-batches per DP rank (the ``global_batch`` column says what each row ran). Rules: the layout's own
+micro-batches per DP rank (the ``global_batch`` column says what each row ran; more than
+:data:`BATCH_TOLERANCE` off is ruled out). Rules: the layout's own
 (:func:`commbench.planning.layout.check_layout`), the strategy's (fp8 gradient communication only through DDP's
 hook), and the memory of the most loaded GPU against the device less the headroom.
 """
@@ -43,6 +44,9 @@ from commbench.planning.steptime import HEADROOM, Setup, price_layout
 
 MAX_GPUS = 2**17
 """The largest GPU count a target search tries."""
+BATCH_TOLERANCE = 0.10
+"""A layout whose whole micro-batches move the global batch by more than this fraction is ruled out (the search
+compares layouts at the batch asked)."""
 
 SEARCH_COLUMNS = {
     **LAYOUT_COLUMNS,
@@ -108,6 +112,9 @@ def _row(s: Setting, n: int, t: int, p: int, c: int, v: int, b: int, sname: str,
         gb, _ = round_batch(s.global_batch, dp, b, p if v > 1 else 1)
     except ValueError as e:
         return {**base0, "ruled_out": str(e)}
+    if abs(gb - s.global_batch) > BATCH_TOLERANCE * s.global_batch:
+        return {**base0, "ruled_out": f"global batch {s.global_batch} is {gb} in whole micro-batches of {b} x "
+                                      f"{dp} DP ranks: more than {BATCH_TOLERANCE:.0%} off"}  # fmt: skip
     lay = Parallel(t, p, dp, c, v, b, gb, RECOMPUTES[s.recompute], sp=t > 1)  # sequence parallel with TP
     base = {"tp": t, "pp": p, "dp": dp, "cp": c, "vpp": v, "micro_batch": b, "global_batch": gb,
             "strategy": sname, "precision": pname, "gpus": n, "recompute": s.recompute}  # fmt: skip
@@ -317,4 +324,4 @@ def _answers(
     return {"answer": answer, "per_count": per_count, "assumptions": assumptions, "setting": s}
 
 
-__all__ = ["MAX_GPUS", "SEARCH_COLUMNS", "Setting", "describe_option", "search"]
+__all__ = ["BATCH_TOLERANCE", "MAX_GPUS", "SEARCH_COLUMNS", "Setting", "describe_option", "search"]
