@@ -4,7 +4,8 @@ kernel timeline; and what a faster communication precision would make of the ste
 The definitions are HolisticTraceAnalysis' (``hta/analyzers/communication_analysis.py``,
 ``get_comm_comp_overlap``): the communication kernels' intervals merged, the computation kernels' merged, and the
 overlap the time both run at once, over the communication time. Exposed communication is the communication time
-that overlaps no computation. Kernel kinds: :func:`commbench.store.trace_kineto.kernel_kind`.
+that overlaps no computation. Kernel kinds: :func:`commbench.store.trace_kineto.kernel_kind`. On HTA's own test trace
+(``nccl_parser_config``) and HTA's kernels, this gives HTA's figure (benchmarks/results/2026-12-03_2core-vm_gloo.md).
 A trace without GPU kernels (a CPU run on gloo) has no timeline to read it from: :data:`CPU_REASON`.
 """
 

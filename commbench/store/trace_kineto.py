@@ -46,14 +46,21 @@ _C10D_COLLECTIVE = {
 }  # fmt: skip
 
 
+_COMM_KERNEL = re.compile(r"^nccl.*Kernel")
+_MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+
+
 def kernel_kind(name: str) -> str:
-    """HolisticTraceAnalysis' kernel types (``hta/utils/utils.py``, ``get_kernel_type``): ``communication`` for NCCL's
-    kernels (``ncclKernel_*``, ``ncclDevKernel_*``), ``memory`` for Memcpy/Memset, ``computation`` for the rest."""
-    if name.startswith("nccl"):
+    """HolisticTraceAnalysis' kernel types (``hta/utils/utils.py`` of holistictraceanalysis 0.5.0, ``get_kernel_type``
+    and its patterns, copied as they are): ``communication`` for NCCL's kernels (``ncclKernel_*``,
+    ``ncclDevKernel_*``), ``memory`` for Memcpy/Memset/dma, ``computation`` for the rest but a ``Sync`` kernel, which is
+    ``other``."""
+    if _COMM_KERNEL.match(name):
         return "communication"
-    if "Memcpy" in name or "Memset" in name:
+    if _MEMORY_KERNEL.match(name):
         return "memory"
-    return "computation"
+    return "other" if _NOT_COMPUTE.match(name) else "computation"
 
 
 def _groups(info: dict[str, Any]) -> dict[str, Group]:
