@@ -37,15 +37,8 @@ MIN_COPY_FRACTION = 0.3
 CLI_GRACE_S = 12.0
 """Seconds of a step's limit kept back from a CLI run it starts, to stop that run and still write the record."""
 
-TRAINING_TOML = """\
-name = "gpu-check-training"
-collectives = []
-
-[training]
+GPT_TABLE = """\
 model = "gpt"
-policies = "all"
-steps = 3
-warmup_steps = 1
 batch_size = 8
 seq_len = 64
 d_model = 128
@@ -53,8 +46,13 @@ n_layers = 2
 n_heads = 4
 vocab = 512
 measure_memory = true
-comm_timed_steps = 2
 """
+"""The small GPT every training run of the check uses (the [training] table's model part)."""
+TRAINING_TOML = (
+    'name = "gpu-check-training"\ncollectives = []\n\n[training]\n'
+    + GPT_TABLE
+    + 'policies = "all"\nsteps = 3\nwarmup_steps = 1\ncomm_timed_steps = 2\n'
+)
 
 
 class NoCuda(RuntimeError):

@@ -25,35 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_steps.constants import CLI_GRACE_S, MIB, REPO
+from gpu_steps.constants import CLI_GRACE_S, GPT_TABLE, MIB, REPO
 from gpu_steps.report import StepReport
-from gpu_steps.runs import Context, cuda_device, fresh_dir, run_cli
+from gpu_steps.runs import Context, cuda_device, fresh_dir, run_suite
 
-MEMORY_TOML = """\
-name = "gpu-check-memory"
-collectives = ["all_reduce"]
-precisions = ["fp32"]
-min_bytes = "1M"
-max_bytes = "64M"
-
-[training]
-model = "gpt"
-policies = ["fp32"]
-steps = 2
-warmup_steps = 1
-batch_size = 8
-seq_len = 64
-d_model = 128
-n_layers = 2
-n_heads = 4
-vocab = 512
-measure_memory = true
-comm_timed_steps = 0
-"""
-MEMORY_SECTION: dict[str, Any] = {"model": "gpt", "policies": ["fp32"], "steps": 2, "warmup_steps": 1, "batch_size": 8,
-    "seq_len": 64, "d_model": 128, "n_layers": 2, "n_heads": 4, "vocab": 512, "measure_memory": True,
-    "comm_timed_steps": 0}  # fmt: skip
-"""MEMORY_TOML's [training] table."""
+MEMORY_TOML = (
+    'name = "gpu-check-memory"\ncollectives = ["all_reduce"]\nprecisions = ["fp32"]\nmin_bytes = "1M"\n'
+    'max_bytes = "64M"\n\n[training]\n' + GPT_TABLE + 'policies = ["fp32"]\nsteps = 2\nwarmup_steps = 1\n'
+    "comm_timed_steps = 0\n"
+)
+"""A small sweep, then the fp32 baseline: its peak must be the training step's (which ran no sweep)."""
 MEM_TOLERANCE = 0.05
 """Relative agreement asked of two measurements of the same policy's peak (plus 2 MiB of allocator rounding)."""
 EVENTS_VS_HOST = 0.15
@@ -192,13 +173,7 @@ def step_memory(ctx: Context, rep: StepReport) -> None:
     from commbench.training.runner import run_training
 
     cuda_device()
-    base = ctx.out / "memory"
-    run = fresh_dir(base / "run")
-    base.mkdir(parents=True, exist_ok=True)
-    toml = base / "memory.toml"
-    toml.write_text(MEMORY_TOML)
-    cli = run_cli(["run", str(toml), "--nproc", "1", "--backend", "nccl", "--quiet", "--no-report", "--out", str(run)],
-                  base / "console.log", max(10.0, ctx.left_s() / 2 - CLI_GRACE_S))  # fmt: skip
+    run, cli = run_suite(ctx, "memory", MEMORY_TOML, max(10.0, ctx.left_s() / 2 - CLI_GRACE_S))
     rep.check(cli.rc == 0, f"`commbench run` of sweep + training exited with status {cli.rc} (memory/console.log)")
     after_sweep = _fp32_peak(run) if cli.rc == 0 else math.nan
     alone = _fp32_peak(ctx.out / "training" / "run") if (ctx.out / "training" / "run").exists() else math.nan
@@ -210,7 +185,9 @@ def step_memory(ctx: Context, rep: StepReport) -> None:
     )
     dev = _world(ctx, "memory_twice")
     try:
-        section = dict(MEMORY_SECTION)
+        from commbench.core.suite import tomllib
+
+        section = dict(tomllib.loads(MEMORY_TOML)["training"])
         peaks = [run_training(section, device=dev)[0][0].peak_mem_bytes for _ in range(2)]
     finally:
         dist.destroy_process_group()

@@ -155,5 +155,16 @@ def native_args(run: Path) -> list[str]:
 
 
 def training_args(toml: Path, run: Path) -> list[str]:
-    """`commbench run` of the training suite ``toml`` (every policy) in a 1-rank NCCL world."""
+    """`commbench run` of the suite ``toml`` (its sweep and training) in a 1-rank NCCL world."""
     return ["run", str(toml), "--nproc", "1", "--backend", "nccl", "--quiet", "--no-report", "--out", str(run)]
+
+
+def run_suite(ctx: Context, name: str, toml_text: str, timeout_s: float) -> tuple[Path, CliRun]:
+    """``commbench run`` of the suite ``toml_text`` in a 1-rank NCCL world, under ``ctx.out / name``: its run
+    directory (fresh) and how the run ended (console in ``name/console.log``)."""
+    base = ctx.out / name
+    run = fresh_dir(base / "run")
+    base.mkdir(parents=True, exist_ok=True)
+    toml = base / "suite.toml"
+    toml.write_text(toml_text)
+    return run, run_cli(training_args(toml, run), base / "console.log", timeout_s)

@@ -27,7 +27,7 @@ from gpu_steps.constants import (
 )
 from gpu_steps.hook import hook_control, hook_vs_sync
 from gpu_steps.report import StepReport, size_text
-from gpu_steps.runs import Context, cuda_device, fresh_dir, group_skips, native_args, run_cli, sweep_args, training_args
+from gpu_steps.runs import Context, cuda_device, fresh_dir, group_skips, native_args, run_cli, run_suite, sweep_args
 
 if TYPE_CHECKING:
     pass
@@ -212,13 +212,7 @@ def step_training(ctx: Context, rep: StepReport) -> None:
     from commbench.training.policies import list_policies
 
     cuda_device()
-    base = ctx.out / "training"
-    run = fresh_dir(base / "run")
-    base.mkdir(parents=True, exist_ok=True)
-    toml = base / "train.toml"
-    toml.write_text(TRAINING_TOML)
-    args = training_args(toml, run)
-    cli = run_cli(args, base / "console.log", ctx.left_s() - CLI_GRACE_S)
+    run, cli = run_suite(ctx, "training", TRAINING_TOML, ctx.left_s() - CLI_GRACE_S)
     rep.fig("cli_rc", cli.rc)
     rep.check(
         cli.rc == 0, f"`commbench run` of the training suite exited with status {cli.rc} (see training/console.log)"
