@@ -159,14 +159,17 @@ def _ref_chunked(coll: str, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
 class _Bucket:
     """What the codec hook reads of a dist.GradBucket."""
 
-    def __init__(self, i: int, t: torch.Tensor) -> None:
-        self.i, self.t = i, t
+    def __init__(self, i: int, t: torch.Tensor, last: bool = False) -> None:
+        self.i, self.t, self.last = i, t, last
 
     def buffer(self) -> torch.Tensor:
         return self.t
 
     def index(self) -> int:
         return self.i
+
+    def is_last(self) -> bool:
+        return self.last
 
 
 def _world(rank: int, n: int) -> dict[str, Any]:
@@ -181,7 +184,12 @@ def _world(rank: int, n: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {"mismatch": [], "bound": []}
     prec = get_precision("toy_int8")
-    for cname, total in (("all_gather", 2 * 500), ("reduce_scatter", 2 * 500), ("all_reduce", 1001), ("all_to_all", 1000)):
+    for cname, total in (
+        ("all_gather", 2 * 500),
+        ("reduce_scatter", 2 * 500),
+        ("all_reduce", 1001),
+        ("all_to_all", 1000),
+    ):
         coll = get_collective(cname)
         layout = coll.layout(coll.round_total(total, n), n)
         xs = [torch.randn(layout.input_numel, generator=torch.Generator().manual_seed(10 + r)) for r in range(n)]
@@ -208,7 +216,10 @@ def _world(rank: int, n: int) -> dict[str, Any]:
     sweep = Sweep(suite, d)
     rows = [r for g in sweep.groups() for _, r in sweep.run_group(g)]
     out["rows"] = [
-        {k: getattr(r, k) for k in ("collective", "precision", "impl", "wire_bytes", "wrong", "algbw_gbps", "busbw_gbps")}
+        {
+            k: getattr(r, k)
+            for k in ("collective", "precision", "impl", "wire_bytes", "wrong", "algbw_gbps", "busbw_gbps")
+        }
         for r in rows
     ]
     out["ordered_last"] = list(COLLECTIVES)[-1]
@@ -219,7 +230,7 @@ def _world(rank: int, n: int) -> dict[str, Any]:
     mine = [torch.randn(s, generator=torch.Generator().manual_seed(100 * s + rank)) for s in sizes]
     every = [[torch.randn(s, generator=torch.Generator().manual_seed(100 * s + r)) for r in range(n)] for s in sizes]
     with CommCounter() as counter:
-        futs = [hook(None, _Bucket(i, t.clone())) for i, t in enumerate(mine)]  # type: ignore[arg-type]
+        futs = [hook(None, _Bucket(i, t.clone(), i == len(mine) - 1)) for i, t in enumerate(mine)]  # type: ignore[arg-type]
         results = [f.wait() for f in futs]
     out["hook_mismatch"] = [
         int((res != _ref_collective("all_reduce", [x / n for x in xs], rank, "e4m3", "tensor", 0)).sum())
@@ -259,7 +270,11 @@ def test_toy_codec_through_the_chunked_algorithm(world: list[dict[str, Any]]) ->
 @pytest.mark.timeout(160)
 def test_toy_collective_through_the_sweep(world: list[dict[str, Any]]) -> None:
     rows = world[0]["rows"]
-    assert [(r["precision"], r["impl"]) for r in rows] == [("fp32", "native"), ("toy_int8", "toy_bytes"), ("fp8_e4m3", "fp8_bytes")]
+    assert [(r["precision"], r["impl"]) for r in rows] == [
+        ("fp32", "native"),
+        ("toy_int8", "toy_bytes"),
+        ("fp8_e4m3", "fp8_bytes"),
+    ]
     m = 4096 // 4
     # wire bytes: the buffer (broadcast size) plus one fp32 scale for the codecs
     assert [r["wire_bytes"] for r in rows] == [4 * m, m + 4, m + 4]

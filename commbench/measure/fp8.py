@@ -142,7 +142,7 @@ def quantize(
     if not sc.scaled:
         scales.fill_(1.0)
     # one chunk of n elements: the batched path, its scales written straight into `scales`
-    _encode_rows(x.view(1, n), q.view(1, n), f, sc, scales.view(1, ns) if sc.scaled else None, None, None)
+    _encode_rows(f, sc, x.view(1, n), q.view(1, n), scales.view(1, ns) if sc.scaled else None, None, None)
     return q, scales
 
 
@@ -182,36 +182,32 @@ def quantize_chunks(
             one = torch.ones(wire_scales.shape[1] // 4, dtype=torch.float32, device=x.device)
             wire_scales.copy_(one.view(torch.uint8).expand_as(wire_scales))
         return
-    _encode_rows(x, codes, f, sc, None, wire_scales, workspace, home=scales)
+    _encode_rows(f, sc, x, codes, scales, wire_scales, workspace)
 
 
 def _encode_rows(
-    x: torch.Tensor,
-    codes: torch.Tensor,
     f: Fp8Format,
     sc: Scaling,
-    dest: torch.Tensor | None,
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    home: torch.Tensor | None,
     wire_scales: torch.Tensor | None,
     workspace: dict[str, torch.Tensor] | None,
-    home: torch.Tensor | None = None,
 ) -> None:
-    """The vectorised encode (arguments of :func:`commbench.measure.fp8_eager.encode_rows`): the fused graph where
-    it runs, writing the scales where they go (``dest``, the wire's float-aligned bytes, or else ``home`` and
-    copied to the wire), else the eager ops."""
+    """The vectorised encode of ``[k, m]`` rows: the fused graph where it runs, else the eager ops
+    (:func:`commbench.measure.fp8_eager.encode_rows`). The scales go to the wire's bytes when they travel
+    (``wire_scales``), else to ``home`` (float32 ``[k, s]``); the fused graph always writes them to ``home`` (it
+    cannot write through a float view of the wire's bytes: aot_autograd refuses input mutations of views of
+    another dtype), then they are copied into the wire (4 bytes per block)."""
     import torch
 
-    if fused_on(x.device):
-        # the scales go to a float32 tensor (a graph cannot write through a float view of the wire's bytes:
-        # aot_autograd refuses input mutations of views of another dtype), then into the wire's bytes (4 bytes
-        # per block: a small copy)
-        to = dest
-        if sc.scaled and to is None:
-            assert home is not None  # quantize() always has dest; quantize_chunks passes home
-            to = home[:, : sc.num_scales(x.shape[1])]
+    to = home[:, : sc.num_scales(x.shape[1])] if sc.scaled and home is not None else None
+    if fused_on(x.device) and (to is not None or not sc.scaled):
         if fused.encode_rows(x, codes, to, f, sc):
             if wire_scales is not None and to is not None:
                 wire_scales.copy_(to[:, : wire_scales.shape[1] // 4].contiguous().view(torch.uint8))
             return
+    dest = home if wire_scales is None else None
     fp8_eager.encode_rows(x, codes, f, sc, dest, wire_scales, workspace)
 
 
