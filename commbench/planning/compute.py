@@ -60,6 +60,8 @@ KERNEL_EFFICIENCY: dict[str, tuple[float, float, float]] = {
 """(low, default, high) kernel efficiency per GPU kind; the default is calibrated on the row :data:`CALIBRATION`
 names (benchmarks/bench_plan_published.py, every other published row held out), the range is the interval's
 (+-0.10 of peak: what GEMM shapes of one model size vary by)."""
+KERNEL_RANGE = 0.10
+"""Half-width of the kernel-efficiency interval (of peak): the presets' and a given ``--kernel-efficiency``'s."""
 CALIBRATION: dict[str, str] = {
     "a100": "calibrated on Narayanan et al. 2021's GPT-3 175B PTD-P run on 384 A100s (0.630)",
     "h100": "calibrated on Megatron-Core r0.8.0's GPT-3 177B run on 2304 H100s (0.802)",
@@ -103,4 +105,4 @@ def compute_seconds(flops: float, peak_flops: float, fraction: float) -> float:
     return flops / (peak_flops * fraction)
 
 
-__all__ = ["CALIBRATION", "GPU", "GPUS", "KERNEL_EFFICIENCY", "compute_seconds", "flops_per_token"]
+__all__ = ["CALIBRATION", "GPU", "GPUS", "KERNEL_EFFICIENCY", "KERNEL_RANGE", "compute_seconds", "flops_per_token"]

@@ -21,7 +21,7 @@ import pandas as pd
 
 from commbench.planning.activations import RECOMPUTES
 from commbench.planning.calls import Pricer
-from commbench.planning.compute import CALIBRATION, GPU, GPUS
+from commbench.planning.compute import CALIBRATION, GPU, GPUS, KERNEL_RANGE
 from commbench.planning.costmodel import CostModel
 from commbench.planning.layout import Parallel, check_layout, parse_split, round_batch
 from commbench.planning.options import OPTIMIZERS, PRECISIONS, STRATEGIES, check_choices
@@ -86,9 +86,10 @@ def efficiency(g: GPU, kernel_efficiency: float | None, compute_ms: float | None
     for name, v in (("--kernel-efficiency", kernel_efficiency), ("--mfu", mfu)):
         if v is not None and not (isinstance(v, (int, float)) and 0 < v <= 1):
             raise ValueError(f"{name} must be a fraction in (0, 1], got {v!r}")
-    if kernel_efficiency is not None:
+    if kernel_efficiency is not None:  # the point given; the interval keeps the presets' width around it
         k = float(kernel_efficiency)
-        return (k, k, k), f"FLOPs at kernel efficiency {k:g} (given)"
+        lo, hi = max(k - KERNEL_RANGE, 0.01), min(k + KERNEL_RANGE, 1.0)
+        return (lo, k, hi), f"FLOPs at kernel efficiency {k:g} (given; {lo:.2g}-{hi:.2g} in the interval)"
     if compute_ms is not None:
         return g.kernel_efficiency, f"measured compute {compute_ms:g} ms per step (given)"
     if mfu is not None:
