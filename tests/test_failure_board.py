@@ -136,3 +136,24 @@ def test_a_wrapped_error_is_named_by_its_cause() -> None:
     except RuntimeError as exc:
         text = describe(exc, "step 0")
     assert text == "ValueError: the user's error [in: RuntimeError: [Stage 1] failed to run forward: args: (...)] (step 0)"
+
+
+def test_compat_falls_back_to_the_older_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed import _functional_collectives as funcol
+
+    from commbench.cluster import compat
+
+    calls: list[str] = []
+    monkeypatch.delattr(funcol, "all_gather_single", raising=False)
+    monkeypatch.delattr(funcol, "reduce_scatter_single", raising=False)
+    monkeypatch.setattr(funcol, "all_gather_tensor", lambda t, dim, g: calls.append(f"all_gather_tensor {dim}") or t)
+    monkeypatch.setattr(funcol, "reduce_scatter_tensor", lambda t, op, dim, g: calls.append(f"rs {op} {dim}") or t)
+    compat.all_gather_single("x", 1, None)
+    compat.reduce_scatter_single("x", "sum", 1, None)
+    assert calls == ["all_gather_tensor 1", "rs sum 1"]  # torch < 2.10's names, same arguments
+    fully_shard, mp = compat.fsdp2()
+    assert fully_shard.__name__ == "fully_shard" and mp.__name__ == "MixedPrecisionPolicy"
+    assert compat.pipeline_schedule("ScheduleGPipe") is not None and compat.pipeline_schedule("ScheduleNope") is None
+    tcp = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    assert compat.store_ports(dist.PrefixStore("a", dist.PrefixStore("b", tcp))) == {tcp.port}
+    assert compat.store_ports(dist.HashStore()) == set()

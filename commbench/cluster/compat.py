@@ -22,16 +22,14 @@ import datetime as _dt
 from collections.abc import Callable
 from typing import Any
 
+from commbench.cluster.dist_ops import first_of
+
 
 def funcol_op(*names: str) -> Callable[..., Any]:
     """The first of ``names`` that ``torch.distributed._functional_collectives`` has (newest name first)."""
     from torch.distributed import _functional_collectives as funcol
 
-    for name in names:
-        fn = getattr(funcol, name, None)
-        if fn is not None:
-            return fn  # type: ignore[no-any-return]
-    raise AttributeError(f"torch.distributed._functional_collectives has none of {names}")
+    return first_of(funcol, names)
 
 
 def all_gather_single(t: Any, gather_dim: int, group: Any) -> Any:

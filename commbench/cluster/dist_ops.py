@@ -16,15 +16,20 @@ ALL_GATHER_OPS = ("all_gather_single", "all_gather_into_tensor")
 """The all-gather into one tensor, newest name first."""
 
 
+def first_of(module: Any, names: tuple[str, ...]) -> Callable[..., Any]:
+    """The first of ``names`` that ``module`` has (newest name first); AttributeError naming them otherwise."""
+    for name in names:
+        fn = getattr(module, name, None)
+        if fn is not None:
+            return fn  # type: ignore[no-any-return]
+    raise AttributeError(f"{module.__name__} has none of {names}")
+
+
 def dist_op(*names: str) -> Callable[..., Any]:
     """The first of ``names`` that torch.distributed has (newest name first)."""
     import torch.distributed as dist
 
-    for name in names:
-        fn = getattr(dist, name, None)
-        if fn is not None:
-            return fn  # type: ignore[no-any-return]
-    raise AttributeError(f"torch.distributed has none of {names}")
+    return first_of(dist, names)
 
 
 def all_gather_tensor(*args: Any, **kwargs: Any) -> Any:
