@@ -6,9 +6,11 @@ policy is one session (`session.PolicySession`: build, wrap, steps, reduction); 
 `records.build_rows`.
 
 Before the first measured policy, one throwaway fp32 policy (two steps, no rows) primes the process on every
-device: the first training step allocates process-lifetime state that no policy owns (on CUDA the cuBLAS
-workspace, 32 MiB per stream on sm90 and the cuDNN/cuBLASLt handles; on CPU oneDNN primitives, gloo buffers,
-thread pools), which would otherwise land in the fp32 baseline's peak and inflate every `mem_saved_vs_fp32`.
+device: the first training step allocates process-lifetime state that no policy owns (on CUDA the cuBLAS workspace,
+which torch allocates per handle and stream through the caching allocator and keeps, so it is in
+`memory_allocated`: 32 MiB on sm90, the size the cuBLAS API reference recommends for Hopper at `cublasSetWorkspace`,
+pytorch#120925; on CPU oneDNN primitives, gloo buffers, thread pools), which would otherwise land in the fp32
+baseline's peak and inflate every `mem_saved_vs_fp32`.
 
 A policy that fails on some ranks only (an out-of-memory, an error inside a backward's gradient reduction or a
 pipeline schedule) must not leave the others inside a collective until the watchdog fires. Each policy is an epoch
