@@ -53,9 +53,9 @@ class GPU:
 
 KERNEL_EFFICIENCY: dict[str, tuple[float, float, float]] = {
     "a100": (0.53, 0.63, 0.73),
-    "h100": (0.70, 0.80, 0.90),
-    "h200": (0.70, 0.80, 0.90),
-    "b200": (0.60, 0.70, 0.80),
+    "h100": (0.52, 0.62, 0.72),
+    "h200": (0.52, 0.62, 0.72),
+    "b200": (0.45, 0.55, 0.65),
 }
 """(low, default, high) kernel efficiency per GPU kind; the default is calibrated on the row :data:`CALIBRATION`
 names (benchmarks/bench_plan_published.py, every other published row held out), the range is the interval's
@@ -64,7 +64,7 @@ KERNEL_RANGE = 0.10
 """Half-width of the kernel-efficiency interval (of peak): the presets' and a given ``--kernel-efficiency``'s."""
 CALIBRATION: dict[str, str] = {
     "a100": "calibrated on Narayanan et al. 2021's GPT-3 175B PTD-P run on 384 A100s (0.630)",
-    "h100": "calibrated on Megatron-Core r0.8.0's GPT-3 177B run on 2304 H100s (0.802)",
+    "h100": "calibrated on Megatron-Core r0.8.0's GPT-3 177B run on 2304 H100s, TP communication overlapped (0.622)",
     "h200": "the H100's (same tensor cores), not calibrated on an H200 run",
     "b200": "a first estimate below the H100's, not calibrated on a B200 run",
 }
