@@ -348,3 +348,12 @@ def _flat(dims: Any) -> list[int]:
     while dims and isinstance(dims[0], list):
         dims = dims[0]
     return list(dims)
+
+
+def test_kineto_and_execution_trace_of_one_run(tmp_path: Path) -> None:
+    """A folder with a rank's Kineto trace and its execution trace: the Kineto one (which knows the groups) leads."""
+    (tmp_path / "rank0.json").write_bytes(FIXTURE.read_bytes())
+    nodes = [_node(4, "ProfilerStep#6", 1), _node(10, "c10d::allreduce_", 4, [[[8]]], ["GenericList[Tensor(float)]"])]
+    _write(tmp_path, _et(nodes), "rank0_et.json")
+    ts = load_traces([tmp_path])
+    assert [t.format for t in ts] == ["kineto", "execution_trace"]

@@ -101,7 +101,8 @@ def load_traces(paths: list[Path]) -> list[Trace]:
         t = traces[0]
         why = f"; unread: {describe(t.unread)}" if t.unread else f"; not calls: {describe(t.skipped)}" if t.skipped else ""
         raise TraceError(f"{t.path}: no communication call in the trace{why}")
-    return sorted(traces, key=lambda t: t.rank)
+    # a run's Kineto trace before its execution trace: the Kineto one knows the groups
+    return sorted(traces, key=lambda t: (t.rank, t.format != "kineto"))
 
 
 def describe(counts: Counter[str]) -> str:
