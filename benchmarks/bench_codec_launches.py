@@ -92,6 +92,27 @@ def wire_bytes(codec: Any, n: int, m: int, packed: bool) -> tuple[float, float, 
     return e, d, r
 
 
+def eager_bytes_by_op(codec: Any, n: int, m: int) -> dict[str, dict[str, float]]:
+    """Bytes read + written per element by each dispatched op of encode / decode / decode+sum (packed wire)."""
+    from commbench.measure import chunked
+    from commbench.measure.opcount import ByteCounter
+
+    w = chunked.ChunkWire(codec, n, m, torch.device("cpu"), True)
+    x, y, acc = torch.randn(n * m), torch.empty(n * m), torch.empty(m)
+    calls = {
+        "encode": lambda: w.encode_chunks(x),
+        "decode": lambda: w.decode_chunks(y),
+        "decode+sum": lambda: w.decode_chunks(acc, reduce=True),
+    }
+    out = {}
+    for what, fn in calls.items():
+        fn()
+        with ByteCounter() as c:
+            fn()
+        out[what] = {op: b / (n * m) for op, b in c.by_op.items()}
+    return out
+
+
 def op_counts(codec: Any, coll: str, n: int, total: int, packed: bool) -> dict[str, int]:
     """Compute ops per phase and collective calls of one chunked collective at world n (rank 0)."""
     from commbench.measure import chunked
@@ -169,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
                     note = f"  (fused unavailable: {fp8.compile_report()['fallback']})"
             print(f"{name:<20} {path:<7}{row}{note}")
     if has_bytes:
+        fp8.use_fused(False)
+        print(f"eager, per op (bytes read + written per element, n={args.worlds[-1]}, packed):")
+        for name in args.codecs:
+            for what, by_op in eager_bytes_by_op(get_codec(name), args.worlds[-1], args.m).items():
+                ops = ", ".join(f"{op} {b:.1f}" for op, b in by_op.items())
+                print(f"  {name:<18} {what:<10} {ops}")
         fp8.use_fused(None)
         print(
             "fused: the graphs' inputs and outputs (what one kernel moves); one scale per tensor needs the chunk's amax"
