@@ -302,7 +302,9 @@ class Fp8NativePrecision(Precision):
         if not collective.reduces:
             raise ValueError(f"{self.name} supports the reducing collectives only, not {collective.name!r}")
         if not collective.scale_invariant():  # the same on every rank: skipped with this note
-            raise Unsupported(f"{self.name} reduces codes under one shared scale; --op {collective.redop} does not keep it")
+            raise Unsupported(
+                f"{self.name} reduces codes under one shared scale; --op {collective.redop} does not keep it"
+            )
         refusal = _probe_native(self.format.dtype, group, device)
         if refusal is not None:
             raise Unsupported(refusal)

@@ -2,12 +2,13 @@
 (inductor: Triton kernels on CUDA, C++ on CPU), bit for bit the eager codec (:mod:`commbench.measure.fp8_eager`).
 
 Why: the eager path is a handful of torch ops, each a pass over memory: counted with a dispatch mode, 25 bytes
-read and written per element to encode e4m3 with a scale (39 unscaled) and 13 to decode, so on a GPU it runs at
+read and written per element to encode e4m3 with a scale (31 unscaled e5m2) and 13 to decode, so on a GPU it runs at
 a quarter of copy bandwidth. One graph lets inductor fuse the abs-max, the scale, the cast and the packing of the
 codes and scales into one kernel per encode (a block's amax is a per-row reduction in the same kernel; one
 scale per tensor needs a reduction over the whole chunk first), and the unpacking, the scale, the cast and the
 all_reduce's fp32 sum of the k decoded chunks into one kernel per decode: 4 + 1 (+ 4 for a whole-tensor amax)
-bytes per element to encode and 1 + 4/k... to decode, what ``benchmarks/bench_codec_launches.py`` counts.
+bytes per element to encode, 1 + 4 to decode and 1 + 4/k to decode and sum k chunks, plus 4 bytes per scale:
+what ``benchmarks/bench_codec_launches.py`` counts.
 
 Bits. The graphs compute what the eager path computes, in float32 with the same operations (the division by a
 power-of-two scale, the cast, the scale multiply), with two differences of form that cannot change a bit:
