@@ -185,3 +185,13 @@ def test_search_with_nothing_that_fits_exits_1(tmp_path: Path, capsys: pytest.Ca
                       "--micro-batch", "1", "--strategies", "ddp", "--precisions", "bf16", "--out", str(tmp_path)],
                      capsys)  # fmt: skip
     assert rc == 1 and "no option fits" in err and len(err.strip().splitlines()) == 1
+
+
+def test_flat_plan_interval_covers_the_kernel_efficiency() -> None:
+    from commbench.planning.plan import plan
+
+    r = plan(model_preset="llama3-8b", gpu="h100", nodes=2, strategies=["fsdp"], precisions=["bf16"]).iloc[0]
+    k = GPUS["h100"].kernel_efficiency[1]
+    assert r["step_time_low_s"] <= r["compute_s"] * k / (k + 0.1) + r["comm_time_high_s"]
+    assert r["step_time_high_s"] >= r["compute_s"] * k / (k - 0.1)  # the slow end at the low kernel efficiency
+    assert r["step_time_low_s"] < r["step_time_s"] < r["step_time_high_s"]

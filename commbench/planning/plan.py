@@ -27,7 +27,7 @@ import pandas as pd
 
 from commbench.measure.precision import torch_dtype
 from commbench.planning.activations import ATTENTIONS, RECOMPUTES
-from commbench.planning.compute import GPU, GPUS
+from commbench.planning.compute import GPU, GPUS, KERNEL_RANGE
 from commbench.planning.costmodel import CostModel
 from commbench.planning.options import (
     OPTIMIZERS,
@@ -133,9 +133,13 @@ def plan(
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise ValueError(f"no option left to plan ({why}); choose other --strategies or --precisions")
     peak = tflops * 1e12 if tflops is not None else None
+    scale = (1.0, 1.0)  # the kernel efficiency's range in the interval (none for a measured or end-to-end time)
+    if kernel_efficiency is not None and not end_to_end:
+        k = float(kernel_efficiency)
+        scale = (k / min(k + KERNEL_RANGE, 1.0), k / max(k - KERNEL_RANGE, 0.01))
     rows = [
         price_option(strat, names, policy, shape, state, elem, cost, compute_s, tokens, overlap, device_memory,
-                     headroom=headroom, end_to_end=end_to_end, fallback=links, peak_flops=peak)
+                     headroom=headroom, end_to_end=end_to_end, fallback=links, peak_flops=peak, compute_scale=scale)
         for strat, names, policy, state, elem in options
     ]  # fmt: skip
     df = _rank(pd.DataFrame(rows, columns=list(COLUMNS)))

@@ -386,6 +386,7 @@ def price_option(
     act_elem_bytes: float, cost: CostModel | StatedLinks | None, compute_s: float, tokens: float,
     overlap: float | None, device_memory: float | None, *, headroom: float = 0.0, end_to_end: bool = False,
     fallback: StatedLinks | None = None, peak_flops: float | None = None,
+    compute_scale: tuple[float, float] = (1.0, 1.0),
 ) -> dict[str, Any]:  # fmt: skip
     """One plan.csv row (:data:`COLUMNS`) of one option: memory, bytes and, with ``cost``, the times.
     ``overlap`` None: the strategy's overlap model; a number: one window of that fraction of the compute.
@@ -458,7 +459,8 @@ def price_option(
     if cost is not None:
         priced = [price_group(cost, g, shape.nodes, shape.gpus_per_node, strat.overlap.window, fallback)
                   for g in groups]  # fmt: skip
-        row.update(time_columns(priced, cost, compute_s, 1, tokens, overlap, end_to_end=end_to_end))
+        row.update(time_columns(priced, cost, compute_s, 1, tokens, overlap, end_to_end=end_to_end,
+                                compute_scale=compute_scale))  # fmt: skip
     step = row["step_time_s"]
     if not math.isnan(step) and shape.seq and shape.micro_batch and step > 0:
         flops = step_flops_per_token(shape) * tokens
@@ -472,10 +474,13 @@ def price_option(
 def time_columns(
     priced: list[Priced], cost: CostModel | StatedLinks, micro_s: float, microbatches: int, tokens: float,
     overlap: float | None, extra_s: float = 0.0, end_to_end: bool = False,
+    compute_scale: tuple[float, float] = (1.0, 1.0),
 ) -> dict[str, Any]:  # fmt: skip
     """The time columns of a row from its priced groups: comm time and interval, exposed comm, step time and its
     interval, tokens/s. ``micro_s``: compute of one micro-batch; ``extra_s``: step time beyond compute and exposed
-    comm (a pipeline's bubble); ``end_to_end``: the compute is the whole step (exposed comm reported, not added)."""
+    comm (a pipeline's bubble); ``end_to_end``: the compute is the whole step (exposed comm reported, not added);
+    ``compute_scale``: the compute at the interval's fast and slow ends over the point (the kernel efficiency's
+    range)."""
     missing = [m for p in priced for m in p.missing]
     notes = [m for p in priced for m in p.notes]
     out: dict[str, Any] = {
@@ -499,22 +504,24 @@ def time_columns(
         return out
     compute = micro_s * microbatches
 
-    def exposed(i: int) -> float:
+    def exposed(i: int, scale: float = 1.0) -> float:
         if overlap is not None:
             total = (t, lo, hi)[i]
-            return max(0.0, total - overlap * compute)
+            return max(0.0, total - overlap * compute * scale)
         windows: dict[str, float] = {}
         for p in priced:
             for w, v in p.windows.items():
                 windows[w] = windows.get(w, 0.0) + v[i]
-        return exposed_comm(windows, micro_s, microbatches)
+        return exposed_comm(windows, micro_s * scale, microbatches)
 
     ex = exposed(0)
     add = 0.0 if end_to_end else 1.0
     step = compute + extra_s + add * ex
+    fast, slow = compute_scale
     out.update(
-        comm_exposed_s=ex, step_time_s=step, step_time_low_s=compute + extra_s + add * exposed(1),
-        step_time_high_s=compute + extra_s + add * exposed(2), tokens_per_s=tokens / step if step > 0 else math.nan,
+        comm_exposed_s=ex, step_time_s=step, step_time_low_s=compute * fast + extra_s + add * exposed(1, fast),
+        step_time_high_s=compute * slow + extra_s + add * exposed(2, slow),
+        tokens_per_s=tokens / step if step > 0 else math.nan,
     )  # fmt: skip
     return out
 
