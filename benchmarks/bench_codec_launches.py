@@ -79,9 +79,9 @@ def wire_counts(codec: Any, n: int, m: int, packed: bool) -> tuple[int, int, int
 
 def wire_bytes(codec: Any, n: int, m: int, packed: bool) -> tuple[float, float, float]:
     """Bytes read + written per element (of the n chunks) by encode, decode and decode+sum of one wire, on
-    whichever path runs (dispatched ops plus fused graphs' inputs and outputs: ``opcount.moved_bytes``)."""
+    whichever path runs (dispatched ops plus fused graphs' inputs and outputs: ``fused.moved_bytes``)."""
     from commbench.measure import chunked
-    from commbench.measure.opcount import moved_bytes
+    from commbench.measure.fused import moved_bytes
 
     w = chunked.ChunkWire(codec, n, m, torch.device("cpu"), packed)
     x, y, acc = torch.randn(n * m), torch.empty(n * m), torch.empty(m)

@@ -115,9 +115,9 @@ def test_ratio_fp8_roundtrip_vs_bf16_64mib(benchmark, capsys: pytest.CaptureFixt
 
 
 def _real_bytes(fn: Callable[[], object], nominal: int, numel: int) -> tuple[float, str]:
-    """Bytes per element ``fn`` really reads and writes (``opcount.moved_bytes``: dispatched ops and the fused
+    """Bytes per element ``fn`` really reads and writes (``fused.moved_bytes``: dispatched ops and the fused
     graphs' inputs and outputs); the C kernel is one pass invisible to a dispatch mode: its nominal bytes."""
-    from commbench.measure.opcount import moved_bytes
+    from commbench.measure.fused import moved_bytes
 
     got = sum(moved_bytes(fn))
     return (got / numel, "counted") if got else (float(nominal), "one pass (C kernel)")

@@ -196,6 +196,18 @@ def _run(key: tuple[Any, ...], build: Callable[[], Graph], reads: int, *args: to
     return True
 
 
+def moved_bytes(fn: Callable[[], object]) -> tuple[int, int]:
+    """(bytes read, bytes written) by ``fn()``, whichever codec path runs it: its dispatched compute ops
+    (:class:`commbench.measure.opcount.ByteCounter`), plus the inputs and outputs of the fused graphs it runs (a
+    graph's own intermediate buffers, such as a whole-chunk amax, are not seen)."""
+    from commbench.measure.opcount import ByteCounter
+
+    before = dict(IO)
+    with ByteCounter() as c:
+        fn()
+    return c.read + IO["read"] - before["read"], c.written + IO["written"] - before["written"]
+
+
 def _bits_of(v: float) -> int:
     return int(struct.unpack("<I", struct.pack("<f", v))[0])
 

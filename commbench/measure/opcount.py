@@ -7,21 +7,19 @@ views and metadata (``view``, ``as_strided``, ``slice``, ``expand``, ...) and un
 (``empty``, served by the caching allocator on a GPU). Collectives are counted apart (``c10d`` ops).
 
 :class:`ByteCounter` adds up the bytes each such op reads (its tensor arguments) and writes (its outputs): what
-a memory-bound op costs on a GPU, where every op is its own pass over memory. :func:`moved_bytes` counts a call
-whichever codec path runs it: dispatched ops, plus the inputs and outputs of the fused codec's compiled graphs
-(:mod:`commbench.measure.fused`), which a dispatch mode does not see into.
+a memory-bound op costs on a GPU, where every op is its own pass over memory (``commbench.measure.fused.moved_bytes``
+adds the fused codec's compiled graphs, which a dispatch mode does not see into).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["ByteCounter", "OpCounter", "NON_COMPUTE", "footprint", "moved_bytes"]
+__all__ = ["ByteCounter", "OpCounter", "NON_COMPUTE", "footprint"]
 
 NON_COMPUTE: frozenset[str] = frozenset(
     {
@@ -147,15 +145,3 @@ class ByteCounter(TorchDispatchMode):
         self.written += w
         self.by_op[name] += r + w
         return out
-
-
-def moved_bytes(fn: Callable[[], object]) -> tuple[int, int]:
-    """(bytes read, bytes written) by ``fn()``: its dispatched compute ops, plus the inputs and outputs of any fused
-    codec graph it runs (a compiled graph's own intermediate buffers are not seen: inductor's ``count_bytes`` is
-    what counts those, ``benchmarks/bench_codec_launches.py``)."""
-    from commbench.measure import fused
-
-    before = dict(fused.IO)
-    with ByteCounter() as c:
-        fn()
-    return c.read + fused.IO["read"] - before["read"], c.written + fused.IO["written"] - before["written"]
