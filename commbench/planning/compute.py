@@ -100,9 +100,4 @@ def flops_per_token(psi: float, layers: int, hidden: int, seq: int) -> float:
     return 6.0 * psi + 12.0 * layers * hidden * seq
 
 
-def compute_seconds(flops: float, peak_flops: float, fraction: float) -> float:
-    """Seconds to run ``flops`` at ``fraction`` of ``peak_flops`` (a kernel efficiency, or an end-to-end MFU)."""
-    return flops / (peak_flops * fraction)
-
-
-__all__ = ["CALIBRATION", "GPU", "GPUS", "KERNEL_EFFICIENCY", "KERNEL_RANGE", "compute_seconds", "flops_per_token"]
+__all__ = ["CALIBRATION", "GPU", "GPUS", "KERNEL_EFFICIENCY", "KERNEL_RANGE", "flops_per_token"]
