@@ -26,7 +26,7 @@ def test_rooted_and_p2p_collectives_run_with_nccl_tests_flags(tmp_path: Path) ->
         "-b", "1K", "-e", "4K", "-f", "4", "-r", "1", "-o", "max", "-G", "3",
         "--warmup", "1", "--min-iters", "2", "--repeats", "3", "--passes", "1", "--max-time", "0.2",
         "--target-ci", "0.9", "--no-training", "--no-report", "--quiet", "--out", str(out),
-        cwd=tmp_path, timeout=280,
+        cwd=tmp_path, timeout=280, env={"COLUMNS": "250"},  # comment lines unwrapped: one line is one line
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     graph_lines = [line for line in p.stdout.splitlines() if "-G 3" in line]
