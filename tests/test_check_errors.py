@@ -1,5 +1,6 @@
 """The check inputs, ``comm_rel_err`` (the error the communication adds) and the absence of host
-synchronisations in the timed phases, on one spawned 2-rank gloo world.
+synchronisations in the timed phases (what a CUDA graph capture, ``-G``, also needs), on one spawned 2-rank gloo
+world, for the four ring collectives and the rooted and point-to-point ones.
 
 References: torch's own casts for exactness; a lossless collective must add exactly 0; a device-to-host read
 is ``aten._local_scalar_dense`` (``.item()``, ``bool()``, ``float()``) or ``aten.nonzero`` (boolean indexing),
@@ -17,6 +18,10 @@ from tests.distutil import run_in_world
 FP8 = ["fp8_e4m3", "fp8_e4m3:block32", "fp8_e4m3:none", "fp8_e5m2", "fp8_e5m2:block128", "fp8_e5m2:none"]
 ALL = ["fp32", "fp16", "bf16", "fp16_compress", "bf16_compress", *FP8]
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+ROOTED = ["broadcast", "reduce", "gather", "scatter", "sendrecv", "pp_sendrecv"]
+"""The collectives of issue 33, with root 1 (not the default), at the precisions of each kind."""
+ROOTED_PRECS = ["fp32", "bf16", "bf16_compress", "fp8_e4m3", "fp8_e5m2:block128", "fp8_e4m3:none"]
+PAIRS = [(p, c) for p in ALL for c in COLLS] + [(p, c) for p in ROOTED_PRECS for c in ROOTED]
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
@@ -68,17 +73,16 @@ def _world(rank: int, n: int) -> dict[str, Any]:
         info=WorldInfo(rank, n, rank, n, "127.0.0.1", 0, "local"), backend="gloo", device=torch.device("cpu"),
         host="h", hosts=("h",) * n, threads=1,
     )  # fmt: skip
-    suite = SuiteConfig(collectives=COLLS, precisions=ALL)
+    suite = SuiteConfig(collectives=COLLS + ROOTED, precisions=ALL)
     out: dict[str, Any] = {"err": {}, "sync": []}
     total = 3 * 4096
     def points() -> Any:
-        """(precision name, collective name, precision, collective, layout, a fresh op) over ALL x COLLS."""
-        for pname in ALL:
+        """(precision name, collective name, precision, collective, layout, a fresh op) over PAIRS."""
+        for pname, cname in PAIRS:
             prec = get_precision(pname)
-            for cname in COLLS:
-                coll = get_collective(cname)
-                layout = coll.layout(coll.round_total(total, n), n)
-                yield pname, cname, prec, coll, layout, prec.make_op(coll, layout, None, d.device)
+            coll = get_collective(cname).configured(root=1)
+            layout = coll.layout(coll.round_total(total, n), n)
+            yield pname, cname, prec, coll, layout, prec.make_op(coll, layout, None, d.device)
 
     for pname, cname, prec, coll, layout, op in points():
         chk = check_point(d, suite, coll, prec, layout, op, total * 4)
@@ -147,11 +151,13 @@ def world() -> dict[str, Any]:
 
 def test_comm_rel_err_zero_for_lossless_collectives(world: dict[str, Any]) -> None:
     err = world["err"]
-    for p in ("fp32", "fp16", "bf16"):
-        for c in ("all_gather", "all_to_all"):
-            rel, comm, wrong = err[(p, c)]
-            assert comm == 0.0, (p, c)  # moving bytes adds nothing
-            assert wrong == 0
+    moving = [(p, c) for p in ("fp32", "fp16", "bf16") for c in ("all_gather", "all_to_all")]
+    moving += [(p, c) for p in ("fp32", "bf16") for c in ROOTED if c != "reduce"]
+    for p, c in moving:
+        rel, comm, wrong = err[(p, c)]
+        assert comm == 0.0, (p, c)  # moving bytes adds nothing
+        assert wrong == 0
+    assert err[("fp32", "reduce")][1] < 1e-6  # a reduction at the root adds fp32 rounding only
     # the total error of fp32 is the input rounding alone (float64 payload -> float32), not 0
     assert 0 < err[("fp32", "all_gather")][0] < 1e-7
     # a reduction in fp32 adds fp32 rounding, far below the input rounding of bf16
@@ -160,14 +166,14 @@ def test_comm_rel_err_zero_for_lossless_collectives(world: dict[str, Any]) -> No
 
 def test_comm_rel_err_separates_native_from_cast(world: dict[str, Any]) -> None:
     err = world["err"]
-    for c in COLLS:
+    for c in COLLS + ROOTED:
         native_comm = err[("bf16", c)][1]
         cast_total = err[("bf16_compress", c)][0]
         assert native_comm < cast_total, c
         # the cast's loss happens on the way: its comm_rel_err is its total (its input is fp32)
         assert err[("bf16_compress", c)][1] == pytest.approx(cast_total, rel=0.05)
-    for p in FP8:
-        for c in COLLS:
+    for p, c in PAIRS:
+        if p.startswith("fp8"):
             rel, comm, wrong = err[(p, c)]
             assert wrong == 0 and comm > 0 and comm == pytest.approx(rel, rel=0.05), (p, c)
 
