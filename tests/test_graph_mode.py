@@ -124,3 +124,13 @@ def test_on_nccl_and_cuda_the_sample_timer_is_the_graph_timer(monkeypatch: pytes
     monkeypatch.setattr(timing.time, "perf_counter", w.clock)
     timer(w.op, 3)
     assert w.ran == 6 and w.captured[0].replays == 2
+
+
+def test_graph_mode_and_isolated_timing_exclude_each_other() -> None:
+    from commbench.core.suite import TimingConfig
+
+    assert TimingConfig(cuda_graph=5).cuda_graph == 5
+    with pytest.raises(ValueError, match="-G 5 .*'isolated'"):
+        TimingConfig(cuda_graph=5, mode="isolated")
+    with pytest.raises(ValueError, match="cuda_graph"):
+        TimingConfig(cuda_graph=-1)

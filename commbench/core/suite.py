@@ -97,6 +97,11 @@ class TimingConfig:
         check_settings(self, "timing")
         if self.max_iters < self.min_iters:
             raise ValueError(f"timing.max_iters must be >= timing.min_iters ({self.min_iters}), got {self.max_iters}")
+        if self.cuda_graph and self.mode != "stream":
+            raise ValueError(
+                f"-G {self.cuda_graph} (timing.cuda_graph) times back-to-back launches of a graph of the sample's ops; "
+                f"timing mode {self.mode!r} times one op after compute: use one or the other"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
