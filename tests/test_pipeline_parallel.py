@@ -6,6 +6,7 @@ the same weights and the same global batch. One world per size runs every PP pol
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -37,7 +38,7 @@ def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -
     from commbench.training.config import TrainingConfig
     from commbench.training.models import build_model, loss_fn, make_batch
     from commbench.training.policies import get_policy
-    from commbench.training.runner import PolicyFailed, PolicySession, run_policy
+    from commbench.training.runner import PolicySession
 
     plugins.load()
     out: dict[str, Any] = {"p2p": _p2p_counts(rank, n)}
@@ -49,10 +50,13 @@ def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -
                 sess.instrumented_step(0)  # the first schedule step also exchanges the stages' shapes
                 sess.instrumented_step(1)
                 calls, counted = dict(sess.counter.calls), sess.counter.snapshot()
+                sess.timed_comm_step(2)  # its sends replayed one by one, timed; DDP's all-reduce timed in place
+                timed = sess.counter.timed_calls()
                 run = sess.finish()
             out[f"{pp_degree}/{name}"] = dict(
                 calls=calls, counted=counted, expected=run.comm_expected, mean=run.steps[1].comm,
                 loss=run.steps[0].loss, grad_norm=run.steps[0].grad_norm, parallelism=sess.policy.sharding.parallelism,
+                timed=timed, comm_time=run.comm_time_us.value if run.comm_time_us else None, profile=run.profile,
             )  # fmt: skip
     # The unsplit model, same seed (same weights), on the batches of every rank together.
     sec = TrainingConfig.coerce(SECTION)
@@ -63,13 +67,13 @@ def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -
     out["ref_loss"] = float(loss)
     out["ref_grad_norm"] = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
     out["stage_params"] = {pp: [_stage_params(model, p, pp) for p in range(pp)] for pp in (2, 4) if pp <= n}
-    # layouts this world cannot form: every rank skips the policy with one line
+    # layouts this world cannot form: every rank skips the policy with one line (run_training asks layout_error)
+    # (what no world can run is refused when the suite loads: tests/test_training.py)
     out["skips"] = []
-    for bad in ({"pp_degree": 3}, {"n_layers": 2, "pp_degree": 0} if n == 4 else {"n_layers": 3}):
-        try:
-            run_policy(get_policy("pp_gpipe_fp32"), TrainingConfig.coerce({**SECTION, **bad}), torch.device("cpu"))
-        except PolicyFailed as exc:
-            out["skips"].append(str(exc))
+    for bad in ({"pp_degree": 3, "n_layers": 6, "microbatches": 3}, {"n_layers": 6 if n == 4 else 3, "pp_degree": 0}):
+        reason = get_policy("pp_gpipe_fp32").configure(TrainingConfig.coerce({**SECTION, **bad})).sharding.layout_error(n)
+        if reason:
+            out["skips"].append(reason)
     return out
 
 
@@ -114,6 +118,34 @@ def _expected(rank: int, n: int, pp: int, name: str, stage_params: list[int]) ->
     return out
 
 
+def _check_timed(results: list[dict[str, Any]], r: int, key: str, pp: int, n: int, sends: int) -> None:
+    """Point-to-point time measured (every send timed, none zero) and added up as comm_time_per_step's definition
+    says: a send is the sender's alone, an all-reduce the minimum over its group, each rank's sum averaged over the
+    ranks; the bubble's theory is (p-1)/(m+p-1) (Narayanan et al. 2021), the measured one a fraction."""
+    got = results[r][key]
+    own = [secs for secs, group in got["timed"] if tuple(group) == (r,)]
+    assert len(own) == sends * SECTION["microbatches"] and all(s > 0 for s in own), key
+    dp = n // pp
+    ar = [secs for secs, group in got["timed"] if len(group) > 1]
+    assert all(tuple(group) == tuple(range(r % pp, n, pp)) for _, group in got["timed"] if len(group) > 1)
+    assert (len(ar) > 0) == (dp > 1), key  # PP x DP: the stage's all-reduce is in the comm time too
+
+    def rank_sum(q: int) -> float:
+        mine = results[q][key]["timed"]
+        p2p = sum(secs for secs, group in mine if tuple(group) == (q,))
+        peers = [[secs for secs, g in results[o][key]["timed"] if len(g) > 1] for o in range(q % pp, n, pp)]
+        return p2p + sum(min(col) for col in zip(*peers, strict=True))
+
+    assert got["comm_time"] == pytest.approx(sum(rank_sum(q) for q in range(n)) / n * 1e6, rel=1e-9), key
+    prof = got["profile"]
+    m = SECTION["microbatches"]
+    assert prof["bubble_frac_theory"] == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-15)
+    assert 0.0 < prof["bubble_frac_measured"] < 1.0, key
+    assert sorted(json.loads(prof["stage_busy_us"])) == sorted(json.loads(prof["stage_idle_us"])) == [str(p) for p in range(pp)]
+    dirs = {f"0:{'fwd'}", f"{pp - 1}:bwd"} | {f"{p}:{d}" for p in range(1, pp - 1) for d in ("fwd", "bwd")}
+    assert set(json.loads(prof["p2p_time_us"])) == dirs, key
+
+
 def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -> None:
     for pp_degree, names in layouts:
         pp = pp_degree or n
@@ -136,6 +168,7 @@ def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[tuple[int
                 tol = 1e-5 if name.endswith("fp32") else 2e-2
                 assert got["loss"] == pytest.approx(res["ref_loss"], rel=tol), key
                 assert got["grad_norm"] == pytest.approx(res["ref_grad_norm"], rel=1e-4 if tol < 1e-3 else 5e-2), key
+                _check_timed(results, r, key, pp, n, sends)
     for r, res in enumerate(results):
         p2p = res["p2p"]
         sent = {"send:half": 20.0, "send:float": 5 * 4 + 3 * 4.0} if r % 2 == 0 else {"send:float": 3 * 4.0}

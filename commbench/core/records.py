@@ -393,6 +393,22 @@ class TrainingSummary(Record):
     )
     comm_time_ci_low_us: float = col("lower end of the 95 % interval of comm_time_us, microseconds", NAN)
     comm_time_ci_high_us: float = col("upper end of the 95 % interval of comm_time_us, microseconds", NAN)
+    p2p_time_us: str | None = col(
+        'pipeline: point-to-point send time per step by "stage:direction" (fwd to the next stage, bwd to the previous), '
+        "each transfer timed synchronously after the step, mean over the stage's ranks, microseconds, JSON",
+        None,
+    )
+    bubble_frac_measured: float = col(
+        "pipeline: measured idle fraction of a step (step wall time minus the stage's forward/backward compute, over "
+        "the step), median over measured steps, mean over ranks (0..1)",
+        NAN,
+    )
+    bubble_frac_theory: float = col(
+        "pipeline: the schedule's bubble fraction for equal stages, (p-1)/(m+p-1), (p-1)/(v*m+p-1) interleaved (0..1)",
+        NAN,
+    )
+    stage_busy_us: str | None = col('pipeline: compute time per step by stage, median over steps, "stage": us, JSON', None)
+    stage_idle_us: str | None = col('pipeline: idle time per step by stage (step minus compute), "stage": us, JSON', None)
     final_loss: float = col("loss of the last step (mean over ranks)", NAN)
     final_loss_drift: float = col("final_loss minus the fp32 baseline's at the same step", NAN)
     max_grad_norm_drift: float = col("largest |relative gradient-norm drift| against fp32 over the steps", NAN)
@@ -403,6 +419,22 @@ class TrainingSummary(Record):
     speedup_ci_low: float = col("lower end of speedup_vs_fp32's 95 % interval", NAN)
     speedup_ci_high: float = col("upper end of speedup_vs_fp32's 95 % interval", NAN)
     speedup_significant: bool | None = col("True when speedup_vs_fp32's interval excludes 1", None)
+    speedup_vs_reference: float = col(
+        "reference_policy's step time over this one's from paired rounds interleaved in the same processes "
+        "(median of per-round ratios of medians; training/pairing.py)",
+        NAN,
+    )
+    speedup_ref_ci_low: float = col("lower end of speedup_vs_reference's 95 % interval (none below 6 rounds)", NAN)
+    speedup_ref_ci_high: float = col("upper end of speedup_vs_reference's 95 % interval (none below 6 rounds)", NAN)
+    speedup_ref_rounds: int | None = col("paired rounds behind speedup_vs_reference", None)
+    speedup_ref_basis: str | None = col(
+        '"paired rounds", or "n too small: ..." (no interval, with the measured steps a 95 % interval needs)', None
+    )
+    speedup_ref_times_us: str | None = col(
+        "the reference's step times in the paired rounds (max over ranks, step order, microseconds, JSON): with this "
+        "policy's measured steps they give speedup_vs_reference again",
+        None,
+    )
     mem_saved_vs_fp32: float = col("1 - peak memory / the fp32 baseline's (fraction)", NAN)
     comm_saved_vs_fp32: float = col("1 - comm bytes per step / the fp32 baseline's (fraction)", NAN)
     warnings: str = col("pitfalls detected, '; '-separated")

@@ -24,7 +24,8 @@ Point-to-point sends (pipeline parallelism: `torch.distributed.pipelining` posts
 bus factor 1 (nccl-tests' sendrecv), by dtype, and "inter" when the receiver sits on another node. `isend` is
 replaced in `distributed_c10d`'s own namespace as well as in `torch.distributed`, since `send` and
 `batch_isend_irecv` call it there and `P2POp` checks that its op is that very function. Receives count nothing
-(the sender has counted those bytes). Sends are not timed in timed mode (see `_wrap_send`).
+(the sender has counted those bytes). In timed mode the sends are recorded (peer, shape, dtype: `timed_sends`), not
+timed in place (see `_wrap_send`); `training.p2p_timing` times the same transfers right after the step.
 
 Gloo implements `reduce_scatter_tensor` as an all_reduce of the whole input followed by a local
 copy, so on gloo the real wire bytes of a reduce_scatter are 2(n-1)/n * input, not (n-1)/n * input.
@@ -33,11 +34,12 @@ copy, so on gloo the real wire bytes of a reduce_scatter are 2(n-1)/n * input, n
 Timed mode (`with counter.timed(sync=...):`) also measures how long each counted collective takes: `sync` waits
 for the device before the clock starts (so compute still queued on the stream is not counted as communication),
 the call is made synchronous (its returned Work is waited on, then `sync` waits for the device again) and the
-clock stops; its wall time is appended to `durations`, in call order. `sync` is the caller's device
+clock stops; its wall time is appended to `durations`, in call order, and its group's ranks to `duration_groups`. `sync` is the caller's device
 synchronisation (`launch.Dist.sync`); this module never asks which device it runs on. Every rank then holds one duration per call of the same sequence; a rank that
 arrived early spent part of its duration waiting for a peer, so the collective's own time is the smallest
-duration over ranks (the last to arrive waited least). `comm_time_per_step` turns every rank's durations into
-one communication time per step. Synchronous calls forgo overlap: the figure is the no-overlap sum of the
+duration over the ranks of its group (the last to arrive waited least). `comm_time_per_step` turns every rank's
+(duration, group) pairs (`timed_calls`) into one communication time per step: each rank's sum of its calls' times,
+averaged over the ranks (the bytes are per rank averaged over the world too). Synchronous calls forgo overlap: the figure is the no-overlap sum of the
 step's collectives, what a cost model prices. DDP's gradient all_reduce is seen here because every DDP policy
 registers a Python comm hook (`GradComm.register`; plain fp32 uses torch's `allreduce_hook`), which issues
 `dist.all_reduce`; DDP's C++ reducer without a hook would bypass the counter. A codec hook's encode/decode
@@ -119,6 +121,19 @@ def _group_size(group: Any) -> int:
     import torch.distributed as dist
 
     return int(dist.get_world_size(group))
+
+
+_NOTHING = object()
+"""`CommCounter._record`'s answer for a call that moves nothing (a group of one rank)."""
+
+
+def _ranks_of(group: Any) -> tuple[int, ...]:
+    """The global ranks of `group` (None: the default group); 0..size-1 where no process group exists."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return tuple(range(_group_size(group)))
+    return tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -259,6 +274,10 @@ class CommCounter:
         self.node_of_rank = tuple(node_of_rank) if node_of_rank is not None else None
         self.durations: list[float] = []
         """Timed mode: seconds of each counted call (groups of two or more ranks), in call order."""
+        self.duration_groups: list[tuple[int, ...]] = []
+        """Timed mode: the global ranks of each timed call's group (parallel to `durations`)."""
+        self.timed_sends: list[tuple[int, tuple[int, ...], torch.dtype]] = []
+        """Timed mode: each counted point-to-point send as (global peer, shape, dtype), in call order."""
         self._originals: dict[str, Any] = {}
         self._funcol_originals: dict[str, Any] = {}
         self._p2p_original: Any = None
@@ -321,8 +340,8 @@ class CommCounter:
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             depth = getattr(local, "depth", 0)
-            moves = depth == 0 and self._enabled and self._record(op, size_fn, args, kwargs)
-            timing = self._timing if moves else None
+            group = self._record(op, size_fn, args, kwargs) if depth == 0 and self._enabled else _NOTHING
+            timing = self._timing if group is not _NOTHING else None
             local.depth = depth + 1
             try:
                 if timing is None:
@@ -337,8 +356,7 @@ class CommCounter:
                     work.wait()  # the caller's own wait() on a completed Work returns at once
                 sync()
                 dt = clock() - t0
-                with self._lock:  # a codec hook may launch from a backend thread
-                    self.durations.append(dt)
+                self.add_timed(dt, _ranks_of(group))
                 return work
             finally:
                 local.depth = depth
@@ -349,8 +367,9 @@ class CommCounter:
 
     def _wrap_send(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """`isend` counted as op "send" by the sender (the receiver counts nothing): its tensor's bytes, bus factor 1,
-        by dtype and by the link between the two ranks. Not timed: a pipeline posts sends and receives together and
-        waits on them later, so making a send synchronous could wait on a receive its peer has not posted yet."""
+        by dtype and by the link between the two ranks. Not timed in place: a pipeline posts sends and receives
+        together and waits on them later, so making a send synchronous could wait on a receive its peer has not
+        posted yet (gloo sends once the receiver has posted); in timed mode it is recorded in `timed_sends`."""
         local = self._local
 
         def counted(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Any:
@@ -377,18 +396,43 @@ class CommCounter:
         link = self._link_of((dist.get_rank(), peer)) if peer is not None else "intra"
         with self._lock:
             self._add(f"send:{dtype_name(tensor.dtype)}", size, size, link)
+            if self._timing is not None and peer is not None:
+                self.timed_sends.append((int(peer), tuple(int(d) for d in tensor.shape), tensor.dtype))
 
-    def _record(self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Count one call; False when it moves nothing."""
+    def _record(
+        self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Count one call; its group (None: the default group), or `_NOTHING` when it moves nothing."""
         sizes, group = size_fn(args, kwargs)
         n = _group_size(group)
         if n <= 1:  # a group of one rank (HSDP's replicate group on one node) moves nothing
-            return False
+            return _NOTHING
         factor = bus_factor(op, n)
         link = self.link(group)
         for size, dtype in sizes:
             self._add(f"{op}:{dtype_name(dtype)}", size, size * factor, link)
-        return True
+        return group
+
+    def add_timed(self, seconds: float, ranks: tuple[int, ...]) -> None:
+        """One timed call of `seconds` over the group of global `ranks` (a point-to-point transfer timed after the
+        step: its sender alone, `training.p2p_timing`)."""
+        with self._lock:  # a codec hook may launch from a backend thread
+            self.durations.append(seconds)
+            self.duration_groups.append(ranks)
+
+    def timed_calls(self) -> list[tuple[float, tuple[int, ...]]]:
+        """(seconds, group ranks) of each timed call so far, in call order (what `comm_time_per_step` takes)."""
+        return list(zip(self.durations, self.duration_groups, strict=True))
+
+    @property
+    def timing(self) -> tuple[Callable[[], None], Callable[[], float]] | None:
+        """(sync, clock) while in timed mode, else None."""
+        return self._timing
+
+    @classmethod
+    def active(cls) -> CommCounter | None:
+        """The counter installed now, if any."""
+        return cls._installed
 
     def _add(self, key: str, size: int, bus: float, link: str) -> None:
         """One call of "op:dtype" `key`: its nccl-tests size and bus bytes, on link `link`."""
@@ -421,6 +465,8 @@ class CommCounter:
     def reset(self) -> None:
         """Forget everything counted so far (durations included)."""
         self.durations.clear()
+        self.duration_groups.clear()
+        self.timed_sends.clear()
         self.calls.clear()
         self.size_bytes.clear()
         self.bus_bytes.clear()
@@ -453,23 +499,41 @@ class CommCounter:
         return total
 
 
-def comm_time_per_step(per_rank: Sequence[Sequence[Sequence[float]]]) -> list[float]:
-    """Communication time of each step from timed-mode durations, `per_rank[rank][step][call]` (any unit).
+def comm_time_per_step(per_rank: Sequence[Sequence[Sequence[Any]]]) -> list[float]:
+    """Communication time of each step from timed-mode calls, `per_rank[rank][step][call]` (any unit).
 
-    Per call the minimum over ranks (the other ranks' extra is waiting for the last one to arrive), summed per
-    step. Every rank must have timed the same calls: ValueError names the first step where the counts differ.
+    A call is `(seconds, group ranks)` (`CommCounter.timed_calls`) or bare seconds (a call over every rank). A call
+    is the k-th call of its group on each of the group's ranks; its time is the minimum over them (the others'
+    extra is waiting for the last one to arrive). A rank's step time is the sum of its calls' times; the step's is
+    the mean over the ranks. Every rank of a group must have timed the same calls: ValueError names the first step
+    where the counts differ.
     """
     if not per_rank:
         return []
-    steps = len(per_rank[0])
+    n, steps = len(per_rank), len(per_rank[0])
     if any(len(r) != steps for r in per_rank):
         raise ValueError(f"ranks timed different numbers of steps: {[len(r) for r in per_rank]}")
+    world = tuple(range(n))
     out: list[float] = []
     for s in range(steps):
-        calls = [r[s] for r in per_rank]
-        if len({len(c) for c in calls}) > 1:
-            raise ValueError(f"step {s}: ranks timed different numbers of collectives: {[len(c) for c in calls]}")
-        out.append(float(sum(min(c[i] for c in calls) for i in range(len(calls[0])))))
+        keyed: list[list[tuple[tuple[tuple[int, ...], int], float]]] = []
+        for calls in (r[s] for r in per_rank):
+            seen: dict[tuple[int, ...], int] = defaultdict(int)
+            mine = []
+            for c in calls:
+                secs, group = (float(c[0]), tuple(c[1])) if isinstance(c, (tuple, list)) else (float(c), world)
+                mine.append(((group, seen[group]), secs))
+                seen[group] += 1
+            keyed.append(mine)
+        have = [{key for key, _ in mine} for mine in keyed]
+        best: dict[tuple[tuple[int, ...], int], float] = {}
+        for mine in keyed:
+            for key, secs in mine:
+                if any(q < n and key not in have[q] for q in key[0]):
+                    counts = [sum(1 for (g, _), _ in m if g == key[0]) for m in keyed]
+                    raise ValueError(f"step {s}: ranks timed different numbers of collectives: {counts}")
+                best[key] = min(best.get(key, secs), secs)
+        out.append(sum(sum(best[key] for key, _ in mine) for mine in keyed) / n)
     return out
 
 

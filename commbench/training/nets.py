@@ -165,6 +165,12 @@ class PipelineRank(nn.Module):
         self._schedule: Any = None
         self._loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self._scale = 1.0
+        from commbench.training.p2p_timing import StageClock
+
+        self.clock = StageClock()
+        """Busy and wall time of each step (`training.p2p_timing`)."""
+        self.p2p: list[dict[str, float]] = []
+        """Per timed step: this rank's point-to-point send seconds by direction (`p2p_timing.time_transfers`)."""
 
     def _scaled_loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self._loss is None:
@@ -179,6 +185,7 @@ class PipelineRank(nn.Module):
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         scale: float,
         autocast: Callable[[], Any],
+        timed: bool = False,
     ) -> torch.Tensor:
         """One schedule step over `microbatches` micro-batches of (x, y) (under PP x DP with DDP's gradient all-reduce
         in the last micro-batch's backward); the mean micro-batch loss on the last stage (the full batch's mean loss:
@@ -187,17 +194,20 @@ class PipelineRank(nn.Module):
 
         if self._schedule is None:
             stage = pipelining.PipelineStage(self.submod, self.index, self.stages, self.device, group=self.group)
+            self.clock.wrap(stage)
             cls = getattr(pipelining, self.schedule_name)
             self._schedule = cls(stage, n_microbatches=self.microbatches, loss_fn=self._scaled_loss)
         self._loss, self._scale = loss, scale
         self._stage[0].ctx = autocast
         losses: list[torch.Tensor] = []  # the schedule's own: one per micro-batch, on the last stage
+        self.clock.start()
         if self.index == 0:
             self._schedule.step(x)
         elif self.index == self.stages - 1:
             self._schedule.step(target=y, losses=losses)
         else:
             self._schedule.step()
+        self.clock.stop(timed)
         if not losses:
             return torch.zeros((), device=self.device)
         return torch.stack([loss.detach() for loss in losses]).mean() / scale

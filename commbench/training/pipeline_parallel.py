@@ -45,7 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from commbench.training.comm import bus_factor, dtype_name
+from commbench.training.comm import CommCounter, bus_factor, dtype_name
+from commbench.training.p2p_timing import bubble_theory, profile, time_transfers
 from commbench.training.policies import Policy, register_policy
 from commbench.training.strategies import (
     ADAM_FP32,
@@ -331,7 +332,21 @@ class PipelineParallel(Sharding):
                 f"pipeline parallelism: the pipeline's batch of {batch} samples (batch_size x pp) does not split into "
                 f"microbatches={self.microbatches}; valid: a divisor of {batch}"
             )
-        return model.step(x, y, loss=loss, scale=scale, autocast=autocast)  # type: ignore[operator, no-any-return]
+        counter = CommCounter.active()
+        timing = counter.timing if counter is not None else None
+        out: torch.Tensor = model.step(x, y, loss=loss, scale=scale, autocast=autocast, timed=timing is not None)  # type: ignore[operator]
+        if counter is not None and timing is not None:  # the step's sends, timed one by one (p2p_timing)
+            rank: Any = model
+            rank.p2p.append(time_transfers(counter, rank.group, timing[0], rank.device))
+        return out
+
+    def step_profile(self, model: nn.Module, warmup: int) -> dict[str, Any]:
+        """The pipeline's measured bubble beside the theory, each stage's busy and idle time, the point-to-point time
+        by stage and direction (`p2p_timing.profile`; collective over the world)."""
+        rank: Any = model
+        counter = CommCounter.active() or CommCounter()
+        theory = bubble_theory(rank.stages, self.microbatches)
+        return profile(rank.clock, rank.p2p, stage=rank.index, skip=warmup, theory=theory, counter=counter)
 
 
 def _pp(name: str, schedule: str, act: str, description: str) -> Policy:

@@ -3,7 +3,9 @@ them: drift against the fp32 baseline at the same step, gains against the policy
 
 Numerics are compared with the fp32 baseline, which always runs first: loss_drift = loss - loss_fp32 at the same
 step; grad_norm_drift = (grad_norm - grad_norm_fp32) / grad_norm_fp32. Step times are sampled policy after policy,
-so the speed-up is an unpaired ratio of the two medians' order-statistic intervals (`commbench.core.stats`).
+so against the fp32 baseline the speed-up is an unpaired ratio of the two medians' order-statistic intervals
+(`commbench.core.stats`), claimed at 95 % only from 6 steps each; a compared policy's speed-up against its reference
+comes from paired rounds interleaved with a second session of the reference (`pairing`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from commbench.core.records import TrainingStep, TrainingSummary
 from commbench.training import pitfalls as pitfalls_mod
 from commbench.training.config import TrainingConfig
 from commbench.training.models import tokens_per_sample
+from commbench.training.pairing import Paired
 from commbench.training.policies import BASELINE, Policy
 
 
@@ -60,6 +63,10 @@ class PolicyRun:
     comm_expected_inter: dict[str, float] | None = None
     comm_time_us: stats.Estimate | None = None
     """Communication time per step from the timed extra steps (`PolicySession.timed_comm_step`)."""
+    paired: Paired | None = None
+    """The paired rounds against the policy's reference (`pairing`); None where it was not compared."""
+    profile: dict[str, Any] | None = None
+    """Summary fields the sharding measured itself (`Sharding.step_profile`: a pipeline's bubble, P2P time)."""
 
 
 
@@ -151,14 +158,9 @@ def build_rows(
     final = run.steps[-1] if run.steps else None
     gdrifts = [abs(row.grad_norm_drift) for row in step_rows if math.isfinite(row.grad_norm_drift)]
     base_summary = _base_numbers(baseline, section, n) if baseline is not None else {}
-    # Step times are sampled policy after policy, so the speed-up is an unpaired ratio of the two medians'
-    # order-statistic intervals (commbench.core.stats), not a paired one.
     step_ci = stats.median_ci(times)
     comm_time = run.comm_time_us or stats.Estimate(math.nan, math.nan, math.nan, 0)
-    speedup = stats.Estimate(math.nan, math.nan, math.nan, 0)
-    if baseline is not None:
-        base_ci = stats.median_ci([r.step_time_us for r in baseline.steps if not r.warmup])
-        speedup = stats.invert(stats.ratio_of(step_ci, base_ci)) if baseline is not run else stats.Estimate(1.0, 1.0, 1.0, 0)
+    speedup, vs_ref, basis = _speedups(run, baseline, step_ci)
     fields: dict[str, Any] = {
         "policy": p.name,
         "family": p.family,
@@ -202,18 +204,55 @@ def build_rows(
         "skipped_steps": skipped,
         "nonfinite_steps": nonfinite,
         "underflow_frac": underflow,
-        "speedup_vs_fp32": _ratio(base_summary.get("p50", math.nan), p50),
+        "speedup_vs_fp32": speedup.value if run.paired and run.paired.reference == BASELINE
+        else _ratio(base_summary.get("p50", math.nan), p50),
         "speedup_ci_low": speedup.low,
         "speedup_ci_high": speedup.high,
         "speedup_significant": stats.significant(speedup) if baseline is not None and baseline is not run else None,
+        "speedup_vs_reference": vs_ref.value,
+        "speedup_ref_ci_low": vs_ref.low,
+        "speedup_ref_ci_high": vs_ref.high,
+        "speedup_ref_rounds": vs_ref.n if run.paired else None,
+        "speedup_ref_basis": basis,
+        "speedup_ref_times_us": json.dumps([round(t, 3) for t in run.paired.reference_times_us]) if run.paired else None,
         "mem_saved_vs_fp32": 1.0 - _ratio(run.peak_mem_bytes, base_summary.get("mem", math.nan)),
         "comm_saved_vs_fp32": 1.0 - _ratio(comm_total, base_summary.get("comm", math.nan)),
         "warnings": "; ".join(pitfalls),
         "notes": "; ".join(run.notes),
         "error": run.error,
+        **(run.profile or {}),
     }  # fmt: skip
     summary = TrainingSummary(**fields)
     return summary, step_rows
+
+
+def _speedups(
+    run: PolicyRun, baseline: PolicyRun | None, step_ci: stats.Estimate
+) -> tuple[stats.Estimate, stats.Estimate, str]:
+    """(speed-up against the fp32 baseline, against the policy's reference, how the latter was formed).
+
+    Against the reference, from the paired rounds (`pairing`) when they ran: the reference's time over the
+    policy's, median of the per-round ratios; "paired rounds", or "n too small ..." with no interval below the
+    rounds a 95 % interval needs. Against the baseline: the same estimate where the baseline is the reference, else
+    the unpaired ratio of the two runs' medians (intervals combined in log space), with no interval where either
+    median's own falls short of 95 % (fewer than `stats.MIN_SAMPLES_95` steps)."""
+    nan = stats.Estimate(math.nan, math.nan, math.nan, 0)
+    vs_ref, basis = nan, ""
+    if run.paired is not None:
+        vs_ref = stats.claimable(stats.invert(run.paired.ratio))
+        enough = vs_ref.n >= stats.MIN_SAMPLES_95 and math.isfinite(vs_ref.low)
+        basis = "paired rounds" if enough else stats.too_few_text(vs_ref.n, run.paired.round_steps)
+    if baseline is None:
+        return nan, vs_ref, basis
+    if baseline is run:
+        return stats.Estimate(1.0, 1.0, 1.0, 0), vs_ref, basis
+    if run.paired is not None and run.paired.reference == BASELINE:
+        return vs_ref, vs_ref, basis
+    base_ci = stats.median_ci([r.step_time_us for r in baseline.steps if not r.warmup])
+    unpaired = stats.invert(stats.ratio_of(step_ci, base_ci))
+    if min(step_ci.coverage, base_ci.coverage) < 0.95:
+        unpaired = stats.Estimate(unpaired.value, math.nan, math.nan, unpaired.n, 0.0)
+    return unpaired, vs_ref, basis
 
 
 def close(a: dict[str, float], b: dict[str, float]) -> bool:

@@ -37,14 +37,15 @@ import torch.nn as nn
 from commbench.cluster import launch
 from commbench.cluster.failures import FailureBoard
 from commbench.core import stats
+from commbench.training import pairing
 from commbench.training import pitfalls as pitfalls_mod
 from commbench.training.comm import CommCounter, comm_time_per_step, dtype_name, wire_bytes
 from commbench.training.config import TrainingConfig
 from commbench.training.gradstats import BNInspector, GradStats
 from commbench.training.memory import measure_step_memory, memory_baseline
 from commbench.training.models import build_model, loss_fn, make_batch, param_count, tokens_per_sample
-from commbench.training.policies import Policy
-from commbench.training.records import PolicyRun, StepRecord, close, mean_comm
+from commbench.training.policies import Policy, get_policy
+from commbench.training.records import PolicyRun, StepRecord, close, mean_comm, reference_of
 from commbench.training.strategies import FsdpUnit, Layout, autocast
 
 T = TypeVar("T")
@@ -165,7 +166,7 @@ class PolicySession:
         self._meta: list[
             tuple[int, bool, dict[str, float], dict[str, dict[str, float]]]
         ] = []  # (step, skipped, comm, by link)
-        self._durations: list[list[float]] = []  # per timed comm step: this rank's seconds per collective
+        self._durations: list[list[tuple[float, tuple[int, ...]]]] = []  # per timed comm step: (seconds, group) per call
         self._timed_bytes: list[dict[str, float]] = []  # per timed comm step: bus bytes by "op:dtype"
 
     def _tokens(self) -> int:
@@ -267,7 +268,7 @@ class PolicySession:
         with self.counter.timed(sync=self.sync):
             self.train_step(x, y)
         self.w.optimizer.zero_grad(set_to_none=True)
-        self._durations.append(list(self.counter.durations))
+        self._durations.append(self.counter.timed_calls())
         self._timed_bytes.append(self.counter.snapshot())
 
     def _gather_durations(self) -> list[Any] | None:
@@ -313,8 +314,6 @@ class PolicySession:
             return None
         if any(not close(b, measured) for b in self._timed_bytes):
             notes.append("timed comm steps counted other bytes than the measured steps")
-        if any(k.startswith("send:") for k in measured):
-            notes.append("comm_time_us leaves out the point-to-point sends (not timed: see comm.py)")
         return stats.median_ci([t * 1e6 for t in per_step])
 
     def finish(self) -> PolicyRun:
@@ -391,6 +390,7 @@ class PolicySession:
             nodes=k,
             comm_expected_inter=expected_links["inter"],
             comm_time_us=comm_time,
+            profile=self.policy.sharding.step_profile(self.w.model, self.warmup),
             notes=notes,
             pitfalls=pitfalls,
         )
@@ -431,9 +431,35 @@ def run_policy(
     total = sess.warmup + int(section.steps)
     mem_step = sess.warmup - 1 if section.measure_memory else -1
     with sess.counter:
-        for s in range(total):
+        for s in range(sess.warmup):
             step = functools.partial(sess.instrumented_step, s, measure_memory=s == mem_step)
             sess.agreed(f"step {s}", functools.partial(_aligned, sess, step))
+        # after the memory step: the partner's model is not in the policy's peak (training/pairing.py)
+        partner, ref_name = _partner(sess, section, device, nodes, sync, board)
+        if partner is not None:
+            pairing.warm_partner(sess, partner, sess.warmup)
+        pairing.run_rounds(sess, partner, sess.warmup, int(section.steps), int(section.round_steps))
+        ref_times = sess.agreed("reducing the reference's times", functools.partial(pairing.reduced_times, sess, partner)) if partner else []
+        del partner  # its model and groups go before the timed comm steps
         for s in range(total, total + int(section.comm_timed_steps)):
             sess.agreed(f"timed comm step {s}", functools.partial(_aligned, sess, functools.partial(sess.timed_comm_step, s)))
-        return sess.agreed("reducing the measurements", sess.finish)
+        run = sess.agreed("reducing the measurements", sess.finish)
+    if ref_name:
+        own = [r.step_time_us for r in run.steps if not r.warmup]
+        run.paired = pairing.paired(ref_name, own, ref_times, int(section.round_steps))
+    return run
+
+
+def _partner(
+    sess: PolicySession, section: TrainingConfig, device: torch.device, nodes: Nodes | None,
+    sync: Callable[[], None] | None, board: FailureBoard | None,
+) -> tuple[PolicySession | None, str]:
+    """The reference's session the policy's measured steps alternate with (`pairing`), and its name; (None, "")
+    where the policy is not compared, the suite says `paired = false`, or the world cannot form the reference."""
+    name = reference_of(sess.policy)
+    if not section.paired or not name or name == sess.policy.name or int(section.steps) == 0:
+        return None, ""
+    ref = get_policy(name).configure(section)
+    if ref.sharding.layout_error(sess.n, sess.nodes.count):
+        return None, ""
+    return PolicySession(ref, section, device, nodes, sync, board), name

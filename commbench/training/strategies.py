@@ -605,6 +605,12 @@ class Sharding(ABC):
         default): the runner's own forward, backward and loss scaler."""
         return None
 
+    def step_profile(self, model: nn.Module, warmup: int) -> dict[str, Any]:
+        """Record fields this sharding measures beyond the runner's (a pipeline's bubble and point-to-point time),
+        after the steps, `warmup` first ones left out; collective over the world where not empty (every rank runs the
+        same sharding). None here."""
+        return {}
+
     def comm_dtype(self, grad_comm: GradComm) -> str:
         """Report name of the dtype the gradients are communicated in."""
         return grad_comm.wire
