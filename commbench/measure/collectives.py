@@ -90,8 +90,9 @@ class Collective(ABC):
     order: ClassVar[int]
     """Display order (tables, ``list``)."""
     bus_passes: ClassVar[int] = 1
-    """nccl-tests' bus factor is ``bus_passes * (n-1)/n``: a rank sends (n-1)/n of ``size`` per pass over
-    the ring; all_reduce makes two (reduce-scatter, then all-gather)."""
+    """Passes over the ring, each of n-1 steps in which a rank sends (n-1)/n of ``size``; all_reduce makes two
+    (reduce-scatter, then all-gather). The ring's latency steps (:meth:`latency_steps`), and the bus factor
+    ``bus_passes * (n-1)/n`` of a collective nccl-tests lacks (the others take nccl-tests' own)."""
     nccl_tree: ClassVar[bool] = False
     """NCCL also runs it as a double binary tree (reduce up, broadcast down: all_reduce); the cost model's tree
     algorithm applies to it."""
@@ -104,7 +105,7 @@ class Collective(ABC):
     plugin's); for the others its table decides (:meth:`per_rank_count`: all_reduce's count is the buffer)."""
     chunked_variant: ClassVar[str | None] = None
     """Name of the chunked codec algorithm that runs this collective, in :data:`CHUNKED_ALGORITHMS` (built as
-    ``algorithm(codec, input elements, group, device)``); None: codecs cannot run it. A name rather than the class
+    ``algorithm(codec, input elements, group, device, **chunked_kwargs(layout))``); None: codecs cannot run it. A name rather than the class
     because the algorithms (:mod:`commbench.measure.chunked`) build on torch and on this registry, and register
     themselves there."""
     chunked_encodings: ClassVar[int] = 1
