@@ -164,6 +164,8 @@ def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[tuple[int
                 assert got["mean"] == pytest.approx(mean, rel=1e-15, abs=0)  # the runner's mean over ranks
                 assert got["expected"] == pytest.approx(mean, rel=1e-15, abs=0)  # the strategy's formula
                 assert got["parallelism"] == ("pp+dp" if pp < n else "pp")
+                # PP x DP: one flat all-reduce per step, nothing else (no DDP bitmap of unused parameters)
+                assert got["calls"].get("all_reduce:float", 0) == (1 if pp < n else 0), key
                 # the pipeline computes the unsplit model's loss and gradients on the same global batch
                 tol = 1e-5 if name.endswith("fp32") else 2e-2
                 assert got["loss"] == pytest.approx(res["ref_loss"], rel=tol), key

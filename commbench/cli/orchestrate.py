@@ -309,11 +309,12 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         from commbench.cli.sweep_run import run_sweep
 
         run_sweep(suite, d, writer, quiet=args.quiet)
+        all_skipped = ""
         if suite.training is not None:
             # what the sweep left (payloads, references, the allocator's cached blocks) must not count in any
             # policy's peak memory
             release_memory(d.device)
-            _run_training(suite, d, writer, quiet=args.quiet)
+            all_skipped = _run_training(suite, d, writer, quiet=args.quiet)
         from commbench.cluster.metadata import gather_transports
 
         # after the run: NCCL connects its channels at the first collective of each communicator, not at init
@@ -336,6 +337,10 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         d.barrier()
         if d.rank == 0 and info.launcher != "local" and not args.no_report:
             report_after_run(Path(out))
+        if all_skipped:  # the rows are written; the run did not measure what it was asked to
+            if d.rank == 0:
+                print(f"commbench: error: {all_skipped}", file=sys.stderr)
+            return 1
         return 0
     except Exception as e:
         from commbench.cluster.launch import LOG_DIR_ENV, lost_peer
@@ -363,7 +368,18 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         shutdown_world()
 
 
-def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = False) -> None:
+def model_parallel_skipped(rows: list[dict[str, Any]]) -> str:
+    """One line when the rows hold tensor/pipeline-parallel policies and every one of them was skipped (its
+    `error` set), else "": such a run did not measure what it was asked to and exits non-zero."""
+    mp = [r for r in rows if str(r.get("parallelism") or "dp") != "dp"]
+    if not mp or any(not r.get("error") for r in mp):
+        return ""
+    names = ", ".join(str(r["policy"]) for r in mp)
+    return f"every requested tensor/pipeline-parallel policy was skipped ({names}); see their rows' error"
+
+
+def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = False) -> str:
+    """Run the [training] section; `model_parallel_skipped`'s line (the same on every rank), or ""."""
     import torch.distributed as dist
 
     from commbench.training.config import TrainingConfig
@@ -385,7 +401,10 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = Fals
         print("#   speed-up vs fp32 (* significant, ~ not), peak memory per rank, bytes per step per rank, loss drift")
     progress = console.SweepProgress(left, enabled=lead and not quiet, label="training")
 
+    rows: list[dict[str, Any]] = []
+
     def on_done(summary: list[Any], steps: list[Any]) -> None:
+        rows.extend(row.as_dict() for row in summary)
         if writer is not None:
             writer.add(summary)
             writer.add(steps)
@@ -399,6 +418,9 @@ def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = Fals
         progress.stop()
     if writer is not None:
         _print_training_gain(writer)
+    verdict: list[Any] = [model_parallel_skipped(rows) if lead else ""]
+    dist.broadcast_object_list(verdict, src=0)
+    return str(verdict[0])
 
 
 def _print_training_gain(writer: Any) -> None:

@@ -142,13 +142,12 @@ class GPTStage(nn.Module):
 
 
 class PipelineRank(nn.Module):
-    """This rank's part of a pipeline: its stage module (`submod`: a DDP over the stage's data-parallel group under
-    PP x DP, else the `GPTStage` itself), the `PipelineStage` and the schedule running it (built on the first step,
-    when the loss is known)."""
+    """This rank's part of a pipeline: its stage module (`submod`, a `GPTStage`), the `PipelineStage` and the
+    schedule running it (built on the first step, when the loss is known); under PP x DP the group its gradients are
+    averaged over after each step (`dp_group`)."""
 
     def __init__(
         self,
-        submod: nn.Module,
         stage: GPTStage,
         index: int,
         stages: int,
@@ -156,10 +155,12 @@ class PipelineRank(nn.Module):
         schedule: str,
         group: Any,
         device: torch.device,
+        dp_group: Any = None,
     ) -> None:
         super().__init__()
-        self.submod = submod
-        self._stage = [stage]  # not a second child: its parameters are submod's
+        self.submod = stage
+        self._stage = [stage]
+        self.dp_group = dp_group
         self.index, self.stages, self.microbatches, self.schedule_name = index, stages, microbatches, schedule
         self.group, self.device = group, device
         self._schedule: Any = None
@@ -187,8 +188,8 @@ class PipelineRank(nn.Module):
         autocast: Callable[[], Any],
         timed: bool = False,
     ) -> torch.Tensor:
-        """One schedule step over `microbatches` micro-batches of (x, y) (under PP x DP with DDP's gradient all-reduce
-        in the last micro-batch's backward); the mean micro-batch loss on the last stage (the full batch's mean loss:
+        """One schedule step over `microbatches` micro-batches of (x, y) (under PP x DP, then the gradients averaged
+        over the stage's data-parallel group); the mean micro-batch loss on the last stage (the full batch's mean loss:
         the micro-batches are equal), zero elsewhere."""
         from torch.distributed import pipelining
 
@@ -208,9 +209,25 @@ class PipelineRank(nn.Module):
         else:
             self._schedule.step()
         self.clock.stop(timed)
+        if self.dp_group is not None:
+            self._average_grads()
         if not losses:
             return torch.zeros((), device=self.device)
         return torch.stack([loss.detach() for loss in losses]).mean() / scale
+
+    def _average_grads(self) -> None:
+        """The stage's gradients all-reduced over its data-parallel group as one flat buffer, then averaged (DDP's
+        result, without DDP: see pipeline_parallel's docstring)."""
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        params = [p for p in self.submod.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= dist.get_world_size(self.dp_group)
+        for p, g in zip(params, _unflatten_dense_tensors(flat, grads), strict=True):
+            p.grad = g
 
     def forward(self, *args: Any) -> Any:
         raise RuntimeError("a pipeline stage runs through its schedule (PipelineRank.step), not forward()")

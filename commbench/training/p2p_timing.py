@@ -9,14 +9,14 @@ pipeline agrees on (the smallest pending transfer always has both its ranks at i
 device sync before and after (as the collectives' timed mode). The transfer's time is the smaller of its two
 ranks' durations (the first to arrive waited for the other, as the collectives' minimum over ranks). It is added
 to the counter as a call of the sender alone (`CommCounter.add_timed`), so `comm_time_per_step` sums it into the
-sender's time, as the sender alone counts its bytes; a DDP all-reduce under PP x DP is timed in place as every
-collective. "fwd" is a send to the next stage, "bwd" to the previous one.
+sender's time, as the sender alone counts its bytes; the gradient all-reduce under PP x DP is timed in place as
+every collective. "fwd" is a send to the next stage, "bwd" to the previous one.
 
 Bubbles. `StageClock` wraps a `PipelineStage`'s compute (`forward_one_chunk`, `backward_one_chunk`,
 `backward_weight_one_chunk`): busy is their time in a step; idle is the rank's step wall time minus busy (waiting
 for a neighbour's activation or gradient, the schedule's bubble, and the un-overlapped waits on its own sends).
 The measured bubble fraction is idle / step, the mean over the world's ranks of each one's median over the measured
-steps; under PP x DP the last micro-batch's backward includes DDP's gradient all-reduce (busy, not idle). The
+steps; under PP x DP the gradient all-reduce after the schedule is neither (it is outside the bracketed step). The
 theory for equal stages (Narayanan et al. 2021, section 2.2): (p - 1) / (m + p - 1) for GPipe and 1F1B,
 (p - 1) / (v m + p - 1) for interleaved 1F1B with v stages per rank.
 """

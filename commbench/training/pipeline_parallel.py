@@ -1,12 +1,15 @@
 """Pipeline parallelism (GPipe, 1F1B) on the GPT with `torch.distributed.pipelining`, as a `Sharding` and its
-policies; PP x DP (DDP over the data-parallel ranks of each stage) when the pipeline is shorter than the world.
+policies; PP x DP (each stage's gradients averaged over its data-parallel ranks) when the pipeline is shorter than the world.
 
 Layout: a (dp, pp) mesh laid out row-major, so pipeline d is the consecutive ranks d*pp .. d*pp+pp-1 (stage p on
 rank d*pp+p) and the data-parallel group of stage p is the ranks p, pp+p, 2pp+p, ... The GPT is split by hand
 (`nets.GPTStage`): stage 0 holds the embeddings and the first n_layers/pp blocks, the last stage the last blocks, the
 final LayerNorm and the head. Each rank builds one `PipelineStage` and runs a `ScheduleGPipe` or `Schedule1F1B` of
-`microbatches` micro-batches; with dp > 1 the stage module is a DDP over its data-parallel group, whose gradient
-all-reduce torch's pipelining runs once per step (no_sync on the other micro-batches).
+`microbatches` micro-batches; with dp > 1, after the schedule step, the stage's gradients are all-reduced over its
+data-parallel group as one flat fp32 buffer (`dist.all_reduce`, counted and timed) and averaged, as DDP would. Not
+DDP itself: DDP under torch's pipelining needs `find_unused_parameters=True` (its first-iteration bucket rebuild
+otherwise records every micro-batch's backward and asserts on the second step), which adds an uncounted bitmap
+all-reduce of the unused parameters every step.
 
 Bytes (Narayanan et al. 2021, section 2.2 / 3.3): per stage boundary per micro-batch of b samples of s tokens, the
 forward sends the b*s*h activation to the next stage and the backward sends its b*s*h gradient back, in the
@@ -16,7 +19,7 @@ does). Only sends are counted (op "send", bus factor 1 as nccl-tests' sendrecv):
 A pipeline of pp stages has pp - 1 boundaries, so over a step its ranks send 2 (pp - 1) M b s h elements
 (M micro-batches); stage 0 and the last stage send M b s h, the middle ones 2 M b s h. `comm_bytes` is the
 figure per rank averaged over the world (the world's total over its size): 2 (pp - 1) / pp * M * b*s*h * bytes.
-With dp > 1 each stage's DDP all-reduces its fp32 gradients over dp ranks once per step: on average over the ranks
+With dp > 1 each stage all-reduces its fp32 gradients over dp ranks once per step: on average over the ranks
 2 (dp - 1) / dp * 4 * Psi / pp bytes (every stage's Psi_p summed over the stages is Psi).
 
 What the formula needs beyond Psi: `Layout.tokens` = b*s, the tokens of ONE micro-batch as a pipeline computes
@@ -211,7 +214,7 @@ class PipelineParallel(Sharding):
         return SHORT[self.act_dtype_name]
 
     def comm_underflow(self, grad_comm: GradComm) -> Underflow:
-        # The activation gradients cross the boundaries in act_dtype; DDP's parameter gradients stay fp32.
+        # The activation gradients cross the boundaries in act_dtype; the data-parallel gradient all-reduce stays fp32.
         return DTYPE_UNDERFLOW[self.act_dtype_name]
 
     # --- formulas -----------------------------------------------------------------------------------
@@ -223,7 +226,7 @@ class PipelineParallel(Sharding):
 
     def send_bytes_of_rank(self, rank: int, w: World) -> dict[str, dict[str, float]]:
         """Bytes `rank` sends per step, by link then "op:dtype": its P2P sends (forward to the next stage, backward
-        to the previous one, M each) and its stage's DDP all-reduce (bus bytes, Psi/pp of the model: the
+        to the previous one, M each) and its stage's data-parallel all-reduce (bus bytes, Psi/pp of the model: the
         stages' own Psi_p are not in a Psi-only description). Links: a send is INTER when its two ranks sit on
         different nodes, an all-reduce when its group spans nodes (ranks numbered node-major, as the runner checks
         for a node mesh; `nodes` equal nodes of world_size/nodes ranks)."""
@@ -296,23 +299,8 @@ class PipelineParallel(Sharding):
         # Every rank creates every group (new_group is collective), then keeps its own.
         pipe_groups = [dist.new_group(list(range(d * pp, d * pp + pp))) for d in range(n // pp)]
         dp_groups = [dist.new_group(list(range(q, n, pp))) for q in range(pp)] if n > pp else []
-        submod: nn.Module = stage
-        if dp_groups:
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-            from torch.nn.parallel import DistributedDataParallel
-
-            from commbench.cluster.launch import device_ids
-
-            # find_unused_parameters: without it DDP's first-iteration bucket rebuild records every micro-batch's
-            # backward and asserts on the second step (torch 2.13; with static_graph the last stage skips its
-            # all-reduce); with it DDP rebuilds nothing and walks each forward's graph (no parameter is unused here).
-            ddp = DistributedDataParallel(
-                stage, device_ids=device_ids(device), process_group=dp_groups[p], find_unused_parameters=True
-            )
-            ddp.register_comm_hook(dp_groups[p], allreduce_hook)  # a Python hook: `dist.all_reduce`, counted
-            submod = ddp
-        return PipelineRank(submod, stage, p, pp, self.microbatches, SCHEDULES[self.schedule], pipe_groups[rank // pp],
-                            device)  # fmt: skip
+        return PipelineRank(stage, p, pp, self.microbatches, SCHEDULES[self.schedule], pipe_groups[rank // pp],
+                            device, dp_groups[p] if dp_groups else None)  # fmt: skip
 
     def pipeline_step(
         self,
