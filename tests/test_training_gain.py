@@ -9,6 +9,7 @@ for DP).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -253,11 +254,16 @@ def test_run_then_report_shows_the_comparison(tmp_path: Path) -> None:
     assert t.loc["bf16_hook", "parallelism"] == "dp" and t.loc["bf16_hook", "reference_policy"] == "fp32"
     assert pd.isna(t.loc["tp_fp32", "reference_policy"]) and t.loc["tp_fp32", "parallelism"] == "tp"
 
-    def speed(ref: str, pol: str) -> str:  # the delta method over the intervals training.csv holds
-        a, b = t.loc[ref], t.loc[pol]
-        se = math.hypot(*(math.log(x["step_time_us_ci_high"] / x["step_time_us_ci_low"]) / (2 * Z) for x in (a, b)))
-        v = a["step_time_us_p50"] / b["step_time_us_p50"]
-        return _ci_text((v, v * math.exp(-Z * se), v * math.exp(Z * se)))
+    steps = pd.read_csv(out / "training_steps.csv")
+
+    def speed(ref: str, pol: str) -> str:
+        """The paired rounds (issue 35): one round per step, the reference's time over the policy's per round,
+        their median (6 rounds: the geometric mean of the 3rd and 4th) and the 1st and 6th order statistics."""
+        assert t.loc[pol, "reference_policy"] == ref and t.loc[pol, "speedup_ref_basis"] == "paired rounds"
+        own = steps[(steps["policy"] == pol) & ~steps["warmup"]]["step_time_us"].tolist()
+        s = sorted(r / o for r, o in zip(json.loads(t.loc[pol, "speedup_ref_times_us"]), own, strict=True))
+        assert len(s) == 6
+        return _ci_text((math.sqrt(s[2] * s[3]), s[0], s[5]))
 
     # TP bytes: Megatron's 4 all-reduces of b*s*h per layer, 2 of them bf16 under autocast: 1 - (2*2 + 2*4)/(4*4);
     # DP: the bf16 hook halves the gradient all-reduce

@@ -230,3 +230,48 @@ def judge(ratio: Estimate, threshold: float = 0.0) -> Judgement:
         d = 1 if ratio.value > hi_bar else (-1 if ratio.value < lo_bar else 0)
         return Judgement(d, "threshold")
     return Judgement(0, "none")
+
+
+# --- paired rounds of training steps (a policy against its reference, interleaved) ----------------------------
+
+
+def steps_for_95(round_steps: int = 1) -> int:
+    """Measured steps a paired comparison needs before it may claim 95 %: `MIN_SAMPLES_95` rounds of
+    `round_steps` steps each."""
+    return MIN_SAMPLES_95 * max(1, round_steps)
+
+
+def rounds_ratio_ci(
+    num: Sequence[float], den: Sequence[float], round_steps: int = 1, confidence: float = 0.95
+) -> Estimate:
+    """Paired rounds: ``num`` and ``den`` are the step times of two policies run in alternating rounds of
+    ``round_steps`` steps (step ``i`` in round ``i // round_steps``, the same rounds on both sides). Each round gives
+    one ratio, the median of its ``num`` steps over the median of its ``den`` steps; the estimate is the median of
+    those per-round ratios with its order-statistic interval (as `paired_ratio_ci`, taken in log space so that an
+    even count's centre, the geometric mean of the middle two, inverts exactly): drift of a shared machine that is
+    slower than a round lands on both sides of each ratio. ``n`` is the number of complete rounds."""
+    k = max(1, round_steps)
+    rounds = min(len(num), len(den)) // k
+    a = [median([v for v in num[r * k : (r + 1) * k] if math.isfinite(v)]) for r in range(rounds)]
+    b = [median([v for v in den[r * k : (r + 1) * k] if math.isfinite(v)]) for r in range(rounds)]
+    logs = [math.log(x / y) for x, y in zip(a, b, strict=True) if x > 0 and y > 0 and math.isfinite(x / y)]
+    e = median_ci(logs, confidence)  # in log space: an even n's centre inverts exactly (a time ratio as a speed-up)
+    return Estimate(math.exp(e.value), math.exp(e.low), math.exp(e.high), e.n, e.coverage) if e.n else e
+
+
+def claimable(e: Estimate, confidence: float = 0.95) -> Estimate:
+    """``e`` as it may be stated at ``confidence``: unchanged when its interval reaches that coverage, else its value
+    alone (the interval's ends NaN, so nothing calls it significant): below `MIN_SAMPLES_95` samples the widest
+    order-statistic interval, (min, max), covers less (2 samples: 50 %)."""
+    if e.coverage >= confidence or not math.isfinite(e.value):
+        return e
+    return Estimate(e.value, math.nan, math.nan, e.n, e.coverage)
+
+
+def too_few_text(n: int, round_steps: int = 1, what: str = "rounds") -> str:
+    """The note where a ratio has too few samples for a 95 % interval: how many it has and how many it needs."""
+    k = max(1, round_steps)
+    return (
+        f"n too small: {n} {what} of {k} step{'s' if k > 1 else ''}; a 95 % interval needs {MIN_SAMPLES_95} "
+        f"({steps_for_95(k)} measured steps)"
+    )

@@ -51,6 +51,12 @@ class TrainingConfig:
     loss_multiplier: float = positive(1.0, "factor applied to the loss before backward (tiny values emulate tiny gradients)")
     init_std: float | None = positive(None, "optional std for all weight matrices, default: torch's init")
     measure_memory: bool = flag(True, "measure peak memory on the last warm-up step")
+    paired: bool = flag(
+        True,
+        "time each compared policy in rounds alternating with its reference's (training/pairing.py); false: the "
+        "unpaired ratio of the two runs' medians",
+    )
+    round_steps: int = count(1, "measured steps per paired round (one speed-up ratio per round)")
     comm_timed_steps: int = count(
         6,
         "extra steps after the measured ones with every collective made synchronous and timed (comm_time_us); "

@@ -214,7 +214,7 @@ def build_rows(
         "speedup_ref_ci_high": vs_ref.high,
         "speedup_ref_rounds": vs_ref.n if run.paired else None,
         "speedup_ref_basis": basis,
-        "speedup_ref_times_us": json.dumps([round(t, 3) for t in run.paired.reference_times_us]) if run.paired else None,
+        "speedup_ref_times_us": json.dumps(list(run.paired.reference_times_us)) if run.paired else None,
         "mem_saved_vs_fp32": 1.0 - _ratio(run.peak_mem_bytes, base_summary.get("mem", math.nan)),
         "comm_saved_vs_fp32": 1.0 - _ratio(comm_total, base_summary.get("comm", math.nan)),
         "warnings": "; ".join(pitfalls),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from commbench.core import stats
 from commbench.core.records import link_phrase
 from commbench.core.units import human_bytes
 from commbench.views.rundata import (
@@ -33,6 +34,7 @@ from commbench.views.tables import NO_WINNER, as_float, fmt, interval, ratio_tex
 from commbench.views.training_tables import (
     CPU_TIMING_NOTE,
     DEFAULT_PARALLELISM,
+    TOO_FEW,
     gain_by_parallelism,
     timed_on_cpu,
     training_speed,
@@ -266,6 +268,7 @@ def _training_findings(t: pd.DataFrame) -> list[str]:
         return []
     out: list[str] = []
     same: list[str] = []
+    few: list[str] = []
     has_ci = has_values(t, "speedup_ci_low")
     for _, r in t.iterrows():
         pol = str(r["policy"])
@@ -278,10 +281,17 @@ def _training_findings(t: pd.DataFrame) -> list[str]:
         elif word == "slower":
             note = str(r.get("notes") or "").strip()
             out.append(f"Training: {pol} steps are slower than fp32 ({speed})" + (f": {note}." if note else "."))
+        elif word == TOO_FEW:
+            few.append(pol)
         elif has_ci:
             same.append(pol)
     if same:
         out.append(f"Training: no significant step-time difference from fp32 for {_join(same)}.")
+    if few:
+        out.append(
+            f"Training: too few measured steps to judge the step time against fp32 for {_join(few)} "
+            f"(a 95 % interval needs {stats.MIN_SAMPLES_95})."
+        )
     saved = [
         (str(r["policy"]), as_float(r.get("comm_saved_vs_fp32")))
         for _, r in t.iterrows()
@@ -324,6 +334,8 @@ def _parallelism_findings(run: RunData) -> list[str]:
                 said.append(f"{pol} {moved} and is {speed} faster")
             elif r["verdict"] == "slower":
                 said.append(f"{pol} {moved} but is slower ({speed})")
+            elif r["verdict"] == TOO_FEW:
+                said.append(f"{pol} {moved}; too few paired rounds to judge its step time ({speed}, n too small)")
             else:
                 said.append(f"{pol} {moved}, with no significant step-time difference")
         parts.append(f"{str(par).upper()}: {'; '.join(said)}.")

@@ -109,12 +109,17 @@ def bf16_vs_fp16(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+TOO_FEW = "n too small"
+"""The verdict where a speed-up has fewer samples than a 95 % interval needs (`stats.MIN_SAMPLES_95`)."""
+
+
 def training_speed(r: Any) -> tuple[str, str]:
-    """A training.csv row's speed-up over fp32 with its interval, and the verdict that interval allows."""
-    return (
-        interval(r.get("speedup_vs_fp32"), r.get("speedup_ci_low"), r.get("speedup_ci_high")),
-        verdict(r.get("speedup_ci_low"), r.get("speedup_ci_high")),
-    )
+    """A training.csv row's speed-up over fp32 with its interval, and the verdict that interval allows ("n too
+    small" where the row has a speed-up and the interval column but no interval: too few steps for 95 %)."""
+    word = verdict(r.get("speedup_ci_low"), r.get("speedup_ci_high"))
+    if not word and "speedup_ci_low" in r and math.isfinite(as_float(r.get("speedup_vs_fp32"))):
+        word = TOO_FEW
+    return interval(r.get("speedup_vs_fp32"), r.get("speedup_ci_low"), r.get("speedup_ci_high")), word
 
 
 def _pct(v: Any) -> str:
@@ -220,13 +225,35 @@ def _step_bytes(steps: pd.DataFrame | None, policy: str) -> list[float]:
     return [float(v) for v in steps.loc[sel, "comm_bytes"] if math.isfinite(as_float(v))]
 
 
+def _speed_vs_reference(r: Any, ref: Any) -> tuple[stats.Estimate, str]:
+    """A row's speed-up over its reference and the verdict it allows: from the paired rounds the runner wrote
+    (`speedup_vs_reference`, training/pairing.py) where the row has them, else the unpaired ratio of the two rows'
+    medians; "n too small" (and no interval) below the samples a 95 % interval needs."""
+    paired = as_float(r.get("speedup_vs_reference"))
+    if math.isfinite(paired):
+        rounds = as_float(r.get("speedup_ref_rounds"))
+        est = stats.Estimate(
+            paired, as_float(r.get("speedup_ref_ci_low")), as_float(r.get("speedup_ref_ci_high")),
+            0 if math.isnan(rounds) else int(rounds),
+        )  # fmt: skip
+    else:
+        mine, theirs = _step_estimate(r), _step_estimate(ref)
+        est = stats.invert(stats.ratio_of(mine, theirs))
+        if min(mine.n, theirs.n) < stats.MIN_SAMPLES_95:
+            est = stats.Estimate(est.value, math.nan, math.nan, min(mine.n, theirs.n), 0.0)
+    if math.isfinite(est.value) and not (math.isfinite(est.low) and math.isfinite(est.high)):
+        return est, TOO_FEW
+    return est, verdict(est.low, est.high)
+
+
 def gain_by_parallelism(summary: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per low-precision policy (a row with a `reference_policy`), grouped by parallelism in the order the
     run met them: its speed-up over its reference with the 95 % interval and verdict, and the bytes of both.
 
-    The speed-up is the reference's median step time over the policy's, an unpaired ratio (policies are timed one
-    after the other) whose interval combines the two medians' order-statistic intervals in log space
-    (`stats.ratio_of`), exactly as `speedup_vs_fp32` is formed against the baseline. Bytes are counted, not sampled:
+    The speed-up is the reference's step time over the policy's from the paired rounds the runner interleaved
+    (`speedup_vs_reference`: median of per-round ratios with its order-statistic interval); rows without them
+    (`paired = false`, older runs) fall back to the unpaired ratio of the two medians (`stats.ratio_of`). Either way
+    the verdict is "n too small", with no interval, below the samples a 95 % interval needs. Bytes are counted, not sampled:
     `comm_bytes_ratio` is the policy's bytes per step over the reference's, and with `steps` (training_steps.csv)
     its range over the measured steps (`comm_ratio_low` / `_high`: the fewest of one over the most of the other),
     a single point where every step sends the same bytes. `final_loss_drift` is against the reference.
@@ -263,7 +290,7 @@ def gain_by_parallelism(summary: pd.DataFrame, steps: pd.DataFrame | None = None
             own, refs = bool(_text(r.get("error"))), bool(_text(ref.get("error")))
             row["note"] = "both skipped" if own and refs else "policy skipped" if own else "reference skipped"
         else:
-            speed = stats.invert(stats.ratio_of(_step_estimate(r), _step_estimate(ref)))
+            speed, said = _speed_vs_reference(r, ref)
             ref_bytes = as_float(ref.get("comm_bytes_per_step"))
             ratio = row["comm_bytes_per_step"] / ref_bytes if ref_bytes > 0 else math.nan
             mine, theirs = _step_bytes(steps, pol), _step_bytes(steps, ref_name)
@@ -273,7 +300,7 @@ def gain_by_parallelism(summary: pd.DataFrame, steps: pd.DataFrame | None = None
                 speedup=speed.value,
                 speedup_ci_low=speed.low,
                 speedup_ci_high=speed.high,
-                verdict=verdict(speed.low, speed.high),
+                verdict=said,
                 reference_comm_bytes_per_step=ref_bytes,
                 comm_bytes_ratio=ratio,
                 comm_ratio_low=low,
@@ -334,8 +361,9 @@ def training_parallelism_table(t: pd.DataFrame, steps: pd.DataFrame | None = Non
     models = sorted({_text(m) for m in t.get("model", pd.Series(dtype=object))} - {""})
     where = ", ".join([*models, *(f"{w} ranks" for w in worlds)])
     note = (f"Same model and world ({where}). " if where else "") + (
-        "Speed-up: the reference's median step time over the policy's, 95 % interval of the unpaired ratio; a "
-        "verdict only where it excludes 1. Bytes per step per rank are counted, not sampled (a range only where the "
+        "Speed-up: the reference's step time over the policy's, median of the ratios of paired rounds run "
+        "alternately in the same processes, with its 95 % interval (unpaired ratio of the medians where a row has no "
+        "rounds); a verdict only where it excludes 1, \"n too small\" below 6 rounds. Bytes per step per rank are counted, not sampled (a range only where the "
         "steps differ). Drift: final loss minus the reference's."
     )
     if timed_on_cpu(t):
