@@ -144,9 +144,7 @@ class NoFp8Kernel:
             return None
         return self.error if self.runs_on(device) else f"the C kernel is CPU-only, this is {device.type}"
 
-    def quantize(
-        self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, fmt: int, mode: int, block: int
-    ) -> None:
+    def quantize(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, fmt: int, mode: int, block: int) -> None:
         raise RuntimeError("fp8 kernel unavailable")
 
     def dequantize(
@@ -193,9 +191,7 @@ class Fp8Kernel(NoFp8Kernel):
             self._lib = self._load()
         return self._lib is not None
 
-    def quantize(
-        self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, fmt: int, mode: int, block: int
-    ) -> None:
+    def quantize(self, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, fmt: int, mode: int, block: int) -> None:
         assert self._lib is not None  # callers check available() first
         n = x.numel()
         self._lib.cb_fp8_quantize(x.data_ptr(), q.data_ptr(), scales.data_ptr(), n, block, fmt, mode, _threads(n))
