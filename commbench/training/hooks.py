@@ -229,12 +229,15 @@ class _CodecReducer:
             return sum(tensor_bytes(s.op, seen) for slots in self.slots.values() for s in slots)
 
     def _prune(self) -> None:
-        """Drop the slots of keys the step that just ended did not use (a layout DDP rebuilt away), except those
-        still in flight; called under the lock at the last bucket of a step."""
-        for key in [k for k in self.slots if k not in self._used]:
+        """Drop the slots of keys the step that just ended did not use (a layout DDP rebuilt away), and of every
+        key all but one free slot (a bucket reduced twice at once once left two), never one still in flight;
+        called under the lock at the last bucket of a step. What is held is then bounded by one op per bucket of
+        the current layout plus the reductions in flight."""
+        for key in list(self.slots):
             busy = [s for s in self.slots[key] if not s.free()]
-            if busy:
-                self.slots[key] = busy
+            spare = [s for s in self.slots[key] if s.free()][:1] if key in self._used else []
+            if busy or spare:
+                self.slots[key] = busy + spare
             else:
                 del self.slots[key]
         self._used = set()
@@ -256,7 +259,8 @@ class _CodecReducer:
                 slot = _Slot(op)
                 slots.append(slot)
             previous, slot.last = slot.last, result
-            if bucket.is_last():
+            is_last = getattr(bucket, "is_last", None)  # a GradBucket has it; a caller's duck bucket may not
+            if is_last is not None and is_last():
                 self._prune()
         if previous is not None:
             # Complete on the host (the slot was free); on CUDA the current stream waits on its decode. A use
