@@ -123,6 +123,10 @@ def _codec_counts(rep: StepReport, name: str, m: int, dev: Any, bench: Any) -> N
     rep.fig(f"{name} encode kernels", kernels_of(lambda: wire.encode_chunks(x)))
     rep.fig(f"{name} decode kernels", kernels_of(lambda: wire.decode_chunks(out)))
     rep.fig(f"{name} all_reduce kernels", kernels_of(all_reduce))
+    if bench is not None and hasattr(bench, "wire_counts"):  # dispatched ops of the code path, for the kernels above
+        enc_ops, dec_ops, _ = bench.wire_counts(codec, 1, m, True)
+        rep.fig(f"{name} encode ops", enc_ops)
+        rep.fig(f"{name} decode ops", dec_ops)
     if bench is not None and hasattr(bench, "wire_bytes"):
         enc_b, dec_b, _ = bench.wire_bytes(codec, 1, m, True)
         rep.fig(f"{name} encode B/element", enc_b)
