@@ -29,7 +29,7 @@ from tests.distutil import run_in_world
 SECTION: dict[str, Any] = {"model": "gpt", "steps": 2, "warmup_steps": 1, "batch_size": 2, "seq_len": 8,
     "d_model": 16, "n_layers": 2, "n_heads": 2, "vocab": 32, "seed": 1, "measure_memory": False,
     "comm_timed_steps": 1,
-    "microbatches": 2,
+    "microbatches": 2, "paired": False,  # one session per policy: the failures are what is tested here
     "policies": ["fp32", "bf16_hook", "fp16_hook", "fp8_hook", "pp_gpipe_fp32", "amp_bf16", "zero1_fp32"]}  # fmt: skip
 OOM = "CUDA out of memory. Tried to allocate 2.00 GiB"  # the first words of torch's CUDA OOM message
 FORWARD_OOM = "CUDA out of memory (injected in the forward)"
