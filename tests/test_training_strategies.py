@@ -95,7 +95,7 @@ def test_zero_paper_figure_1_memory() -> None:
 
 
 def test_training_config_is_typed_and_round_trips() -> None:
-    cfg = TrainingConfig.from_dict({"model": "mlp", "d_model": 16, "vocab": 4, "lr": 1})
+    cfg = TrainingConfig.from_dict({"model": "gpt", "d_model": 16, "vocab": 4, "lr": 1})  # every policy runs a gpt
     assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.policies == list_policies()
     assert TrainingConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match=r"training\.steps=-1"):
@@ -113,9 +113,12 @@ def test_training_records_keep_the_csv_columns() -> None:
         "peak_mem_bytes", "peak_mem_kind", "model_state_bytes", "model_state_kind", "comm_bytes_per_step",
         "comm_bytes_expected", "comm_wire_bytes_per_step", "nodes", "comm_bytes_intra_per_step",
         "comm_bytes_inter_per_step", "comm_bytes_inter_expected", "comm_inter_by_op", "comm_by_op", "comm_expected_by_op",
-        "comm_time_us", "comm_time_ci_low_us", "comm_time_ci_high_us", "final_loss",
+        "comm_time_us", "comm_time_ci_low_us", "comm_time_ci_high_us",
+        "p2p_time_us", "bubble_frac_measured", "bubble_frac_theory", "stage_busy_us", "stage_idle_us", "final_loss",
         "final_loss_drift", "max_grad_norm_drift", "skipped_steps", "nonfinite_steps", "underflow_frac",
-        "speedup_vs_fp32", "speedup_ci_low", "speedup_ci_high", "speedup_significant", "mem_saved_vs_fp32", "comm_saved_vs_fp32", "warnings", "notes", "error",
+        "speedup_vs_fp32", "speedup_ci_low", "speedup_ci_high", "speedup_significant",
+        "speedup_vs_reference", "speedup_ref_ci_low", "speedup_ref_ci_high", "speedup_ref_rounds", "speedup_ref_basis",
+        "speedup_ref_times_us", "mem_saved_vs_fp32", "comm_saved_vs_fp32", "warnings", "notes", "error",
     )  # fmt: skip
     assert TrainingStep.columns() == (
         "policy", "step", "warmup", "loss", "grad_norm", "step_time_us", "skipped", "nonfinite", "underflow_frac",

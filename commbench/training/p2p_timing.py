@@ -28,11 +28,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from commbench.training.comm import CommCounter
+
+if TYPE_CHECKING:
+    import torch
 
 FWD, BWD = "fwd", "bwd"
 COMPUTE = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -81,6 +82,7 @@ class StageClock:
 def time_transfers(counter: CommCounter, group: Any, sync: Callable[[], None], device: torch.device) -> dict[str, float]:
     """Replay this step's recorded sends over the pipeline `group` (module docstring); every rank of the group
     calls it. Adds each transfer this rank sent to `counter` and returns this rank's send seconds by direction."""
+    import torch
     import torch.distributed as dist
 
     rank = dist.get_rank()

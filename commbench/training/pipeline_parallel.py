@@ -65,6 +65,7 @@ from commbench.training.strategies import (
     Sharding,
     Underflow,
     World,
+    add_bytes,
     blocks,
 )
 
@@ -78,11 +79,6 @@ BOUNDARY = "boundary"
 GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
 SCHEDULES: dict[str, str] = {GPIPE: "ScheduleGPipe", ONE_F_ONE_B: "Schedule1F1B"}
 """Schedule name -> the `torch.distributed.pipelining` class that runs it."""
-
-
-def _add(out: dict[str, float], key: str, v: float) -> None:
-    if v:
-        out[key] = out.get(key, 0.0) + v
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,11 +238,11 @@ class PipelineParallel(Sharding):
         key = f"send:{dtype_name(self.act_dtype_name)}"
         for peer in (rank + 1 if p < pp - 1 else None, rank - 1 if p > 0 else None):
             if peer is not None:
-                _add(out[INTER if rank // per_node != peer // per_node else INTRA], key, send)
+                add_bytes(out[INTER if rank // per_node != peer // per_node else INTRA], key, send)
         if dp > 1:
             group = self.replica_ranks(rank, n)
             link = INTER if len({r // per_node for r in group}) > 1 else INTRA
-            _add(out[link], "all_reduce:float", bus_factor("all_reduce", dp) * 4 * w.psi / pp)
+            add_bytes(out[link], "all_reduce:float", bus_factor("all_reduce", dp) * 4 * w.psi / pp)
         return out
 
     def _comm_by_link(self, w: World) -> dict[str, dict[str, float]]:
@@ -256,14 +252,14 @@ class PipelineParallel(Sharding):
         for r in range(n):
             for link, part in self.send_bytes_of_rank(r, w).items():
                 for k, v in part.items():
-                    _add(total[link], k, v)
+                    add_bytes(total[link], k, v)
         return {link: {k: v / n for k, v in part.items()} for link, part in total.items()}
 
     def _comm_bytes(self, w: World) -> dict[str, float]:
         out: dict[str, float] = {}
         for part in self._comm_by_link(w).values():
             for k, v in part.items():
-                _add(out, k, v)
+                add_bytes(out, k, v)
         return out
 
     def state_bytes(self, *, psi: float, world_size: int, state: ModelState = ADAM_FP32, nodes: int = 1) -> float:
