@@ -276,8 +276,10 @@ class CommCounter:
         """Timed mode: seconds of each counted call (groups of two or more ranks), in call order."""
         self.duration_groups: list[tuple[int, ...]] = []
         """Timed mode: the global ranks of each timed call's group (parallel to `durations`)."""
-        self.timed_sends: list[tuple[int, tuple[int, ...], torch.dtype]] = []
-        """Timed mode: each counted point-to-point send as (global peer, shape, dtype), in call order."""
+        self.timed_sends: list[tuple[int, tuple[int, ...], torch.dtype, str]] = []
+        """Timed mode: each counted point-to-point send as (global peer, shape, dtype, `send_label()`), in call order."""
+        self.send_label: Callable[[], str] = lambda: ""
+        """What a timed send is labelled with (a pipeline: the phase of the compute that produced it)."""
         self._originals: dict[str, Any] = {}
         self._funcol_originals: dict[str, Any] = {}
         self._p2p_original: Any = None
@@ -397,7 +399,7 @@ class CommCounter:
         with self._lock:
             self._add(f"send:{dtype_name(tensor.dtype)}", size, size, link)
             if self._timing is not None and peer is not None:
-                self.timed_sends.append((int(peer), tuple(int(d) for d in tensor.shape), tensor.dtype))
+                self.timed_sends.append((int(peer), tuple(int(d) for d in tensor.shape), tensor.dtype, self.send_label()))
 
     def _record(
         self, op: str, size_fn: _SizeFn, args: tuple[Any, ...], kwargs: dict[str, Any]

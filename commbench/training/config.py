@@ -46,6 +46,18 @@ class TrainingConfig:
         least=0,
     )
     microbatches: int = count(4, "micro-batches per step of the pp_* policies (the per-rank batch is split into them)")
+    virtual_stages: int = count(
+        2, "stages per rank of the interleaved and zero-bubble pp_* schedules (v; GPipe and 1F1B run one)"
+    )
+    stage_layers: list[int] | None = setting(
+        None,
+        "blocks of each pipeline stage, first to last (pp_degree x stages per rank of them, summing to n_layers); "
+        "default: balanced",
+        accepts=lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in v)),
+        expect="a list of ints >= 1",
+        convert=list,
+    )
     seed: int = count(0, "seed for weights and data", least=0)
     lr: float = positive(1e-3, "AdamW learning rate")
     loss_multiplier: float = positive(1.0, "factor applied to the loss before backward (tiny values emulate tiny gradients)")

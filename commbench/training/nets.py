@@ -142,27 +142,30 @@ class GPTStage(nn.Module):
 
 
 class PipelineRank(nn.Module):
-    """This rank's part of a pipeline: its stage module (`submod`, a `GPTStage`), the `PipelineStage` and the
-    schedule running it (built on the first step, when the loss is known); under PP x DP the group its gradients are
-    averaged over after each step (`dp_group`)."""
+    """This rank's part of a pipeline: its stage modules (`stages`: (global stage index, `GPTStage`), one or, for the
+    interleaved and zero-bubble schedules, several; `submod` holds them), their `PipelineStage`s and the schedule
+    running them (built on the first step, when the loss is known); under PP x DP the group its gradients are
+    averaged over after each step (`dp_group`). `index` is this rank's place in the pipeline, `stages` the
+    pipeline's ranks."""
 
     def __init__(
         self,
-        stage: GPTStage,
+        stages: list[tuple[int, GPTStage]],
         index: int,
-        stages: int,
+        ranks: int,
         microbatches: int,
-        schedule: str,
+        schedule: Any,
         group: Any,
         device: torch.device,
         dp_group: Any = None,
     ) -> None:
         super().__init__()
-        self.submod = stage
-        self._stage = [stage]
-        self.dp_group = dp_group
-        self.index, self.stages, self.microbatches, self.schedule_name = index, stages, microbatches, schedule
+        self.submod = nn.ModuleList([stage for _, stage in stages])
+        self.stage_ids = [s for s, _ in stages]
+        self.total = len(stages) * ranks  # every rank holds as many stages
+        self.index, self.stages, self.microbatches, self.schedule_plan = index, ranks, microbatches, schedule
         self.group, self.device = group, device
+        self.dp_group = dp_group
         self._schedule: Any = None
         self._loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self._scale = 1.0
@@ -194,17 +197,31 @@ class PipelineRank(nn.Module):
         from torch.distributed import pipelining
 
         if self._schedule is None:
-            stage = pipelining.PipelineStage(self.submod, self.index, self.stages, self.device, group=self.group)
-            self.clock.wrap(stage)
-            cls = getattr(pipelining, self.schedule_name)
-            self._schedule = cls(stage, n_microbatches=self.microbatches, loss_fn=self._scaled_loss)
+            built = [
+                pipelining.PipelineStage(mod, s, self.total, self.device, group=self.group)
+                for s, mod in zip(self.stage_ids, self.submod, strict=True)
+            ]
+            for stage in built:
+                self.clock.wrap(stage)
+            cls = getattr(pipelining, self.schedule_plan.torch_class)
+            self._schedule = cls(built if len(built) > 1 or self.schedule_plan.placement != "single" else built[0],
+                                 n_microbatches=self.microbatches, loss_fn=self._scaled_loss)  # fmt: skip
         self._loss, self._scale = loss, scale
-        self._stage[0].ctx = autocast
-        losses: list[torch.Tensor] = []  # the schedule's own: one per micro-batch, on the last stage
+        for mod in self.submod:
+            mod.ctx = autocast  # type: ignore[assignment]
+        losses: list[torch.Tensor] = []  # the schedule's own: one per micro-batch, on the last stage's rank
+        first, last = 0 in self.stage_ids, self.total - 1 in self.stage_ids
+        from commbench.training.comm import CommCounter
+
+        counter = CommCounter.active()
+        if counter is not None:  # a timed send carries the phase of the compute before it (p2p_timing)
+            counter.send_label = lambda: self.clock.phase
         self.clock.start()
-        if self.index == 0:
+        if first and last:
+            self._schedule.step(x, target=y, losses=losses)
+        elif first:
             self._schedule.step(x)
-        elif self.index == self.stages - 1:
+        elif last:
             self._schedule.step(target=y, losses=losses)
         else:
             self._schedule.step()

@@ -10,7 +10,8 @@ device sync before and after (as the collectives' timed mode). The transfer's ti
 ranks' durations (the first to arrive waited for the other, as the collectives' minimum over ranks). It is added
 to the counter as a call of the sender alone (`CommCounter.add_timed`), so `comm_time_per_step` sums it into the
 sender's time, as the sender alone counts its bytes; the gradient all-reduce under PP x DP is timed in place as
-every collective. "fwd" is a send to the next stage, "bwd" to the previous one.
+every collective. "fwd" is a send to the next stage, "bwd" to the previous one: the phase of the compute the stage ran
+last before posting it (`StageClock.phase`; the schedules post a stage's sends after its forward or backward).
 
 Bubbles. `StageClock` wraps a `PipelineStage`'s compute (`forward_one_chunk`, `backward_one_chunk`,
 `backward_weight_one_chunk`): busy is their time in a step; idle is the rank's step wall time minus busy (waiting
@@ -54,16 +55,19 @@ class StageClock:
         self.steps: list[tuple[float, float, bool]] = []
         """(step wall seconds, busy seconds, timed) of each schedule step."""
         self._t0 = 0.0
+        self.phase = FWD
+        """FWD after a forward chunk, BWD after a backward one: what a send posted now carries."""
 
     def wrap(self, stage: Any) -> None:
         """Time `stage`'s compute methods (on the instance: the schedule calls them through it)."""
         for name in COMPUTE:
             orig = getattr(stage, name, None)
             if orig is not None:
-                setattr(stage, name, self._timed(orig))
+                setattr(stage, name, self._timed(orig, FWD if name == COMPUTE[0] else BWD))
 
-    def _timed(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, orig: Callable[..., Any], phase: str) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
+            self.phase = phase
             t0 = time.perf_counter()
             try:
                 return orig(*args, **kwargs)
@@ -86,15 +90,15 @@ def time_transfers(counter: CommCounter, group: Any, sync: Callable[[], None], d
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    mine = [(peer, shape, str(dtype).removeprefix("torch.")) for peer, shape, dtype in counter.timed_sends]
+    mine = [(peer, shape, str(dtype).removeprefix("torch."), ph) for peer, shape, dtype, ph in counter.timed_sends]
     counter.timed_sends.clear()
     ranks = dist.get_process_group_ranks(group)
     gathered: list[Any] = [None] * len(ranks)
     with counter.paused():
         dist.all_gather_object(gathered, (rank, mine), group=group)
-        plan = [(src, dst, shape, dt) for src, sends in sorted(gathered) for dst, shape, dt in sends]
+        plan = [(src, dst, shape, dt, ph) for src, sends in sorted(gathered) for dst, shape, dt, ph in sends]
         took: dict[int, float] = {}
-        for k, (src, dst, shape, dt) in enumerate(plan):
+        for k, (src, dst, shape, dt, _) in enumerate(plan):
             if rank not in (src, dst):
                 continue
             buf = torch.zeros(shape, dtype=getattr(torch, dt), device=device)
@@ -109,12 +113,12 @@ def time_transfers(counter: CommCounter, group: Any, sync: Callable[[], None], d
         both: list[Any] = [None] * len(ranks)
         dist.all_gather_object(both, took, group=group)
     out = {FWD: 0.0, BWD: 0.0}
-    for k, (src, dst, _, _) in enumerate(plan):
+    for k, (src, _, _, _, ph) in enumerate(plan):
         if src != rank:
             continue
         secs = min(d[k] for d in both if k in d)
         counter.add_timed(secs, (rank,))
-        out[FWD if dst > src else BWD] += secs
+        out[ph or FWD] += secs
     return out
 
 

@@ -49,8 +49,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from commbench.training.comm import CommCounter, bus_factor, dtype_name
-from commbench.training.p2p_timing import bubble_theory, profile, time_transfers
+from commbench.training.p2p_timing import profile, time_transfers
 from commbench.training.policies import Policy, register_policy
+from commbench.training.pp_schedules import GPIPE, INTERLEAVED, INTERLEAVED_ZB, ONE_F_ONE_B, SCHEDULES, ZBV, balanced
+from commbench.training.pp_schedules import split_error as stage_split_error
 from commbench.training.strategies import (
     ADAM_FP32,
     BF16,
@@ -76,9 +78,6 @@ if TYPE_CHECKING:
 BOUNDARY = "boundary"
 """`Layout.activations` label of the activation that crosses a stage boundary."""
 
-GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
-SCHEDULES: dict[str, str] = {GPIPE: "ScheduleGPipe", ONE_F_ONE_B: "Schedule1F1B"}
-"""Schedule name -> the `torch.distributed.pipelining` class that runs it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +97,12 @@ class PipelineParallel(Sharding):
     microbatches: int = 4
     """Micro-batches per step (M)."""
     schedule: str = GPIPE
-    """"gpipe" (all forwards, then all backwards) or "1f1b" (one forward, one backward in the steady state)."""
+    """A `pp_schedules.SCHEDULES` name: "gpipe" (all forwards, then all backwards), "1f1b" (one forward, one backward
+    in the steady state), "interleaved_1f1b", "interleaved_zb" (v stages per rank, looped), "zbv" (two, in a V)."""
+    virtual: int = 2
+    """Stages per rank of the looped schedules (the suite's virtual_stages; GPipe and 1F1B hold one, ZBV two)."""
+    stage_layers: tuple[int, ...] = ()
+    """Blocks of each stage, first to last; (): balanced (`pp_schedules.balanced`)."""
     act_dtype_name: str = FP32
     """torch's name of the dtype crossing the stage boundaries (both directions)."""
     n_layers: int = 0
@@ -138,9 +142,24 @@ class PipelineParallel(Sharding):
         if pp and dist.is_available() and dist.is_initialized() and dist.get_world_size() > pp:
             par = "pp+dp"
         layers = int(getattr(section, "n_layers", 0)) if getattr(section, "model", "gpt") == "gpt" else -1
+        given = tuple(int(k) for k in getattr(section, "stage_layers", None) or ())
         return replace(
-            self, pp=pp, microbatches=m, parallelism=par, n_layers=layers, batch=int(getattr(section, "batch_size", 0))
-        )
+            self, pp=pp, microbatches=m, parallelism=par, n_layers=layers, batch=int(getattr(section, "batch_size", 0)),
+            virtual=int(getattr(section, "virtual_stages", self.virtual)), stage_layers=given,
+        )  # fmt: skip
+
+    @property
+    def plan(self) -> Any:
+        """The schedule's `pp_schedules.Schedule`."""
+        return SCHEDULES[self.schedule]
+
+    def total_stages(self, pp: int) -> int:
+        """Stages over the whole pipeline: pp ranks times the stages each holds."""
+        return pp * self.plan.per_rank(self.virtual)
+
+    def splits(self, pp: int, layers: int) -> tuple[int, ...]:
+        """Blocks of each stage: the given `stage_layers`, else balanced."""
+        return self.stage_layers or balanced(layers, self.total_stages(pp))
 
     def config_error(self, section: Any) -> str | None:
         """What no world can run: a model other than the gpt, a given pp_degree above the layers or not splitting
@@ -149,16 +168,17 @@ class PipelineParallel(Sharding):
         if getattr(section, "model", "gpt") != "gpt":
             return f"pipeline parallelism needs the gpt model (its blocks are split into stages); model={section.model}"
         pp, m, layers = int(section.pp_degree), int(section.microbatches), int(section.n_layers)
-        return self.split_error(pp, m, layers, int(section.batch_size)) if pp else None
+        given = tuple(getattr(section, "stage_layers", None) or ())
+        return replace(self, stage_layers=given, virtual=int(getattr(section, "virtual_stages", self.virtual))).split_error(
+            pp, m, layers, int(section.batch_size)) if pp else None  # fmt: skip
 
     def split_error(self, pp: int, m: int, layers: int, batch: int) -> str | None:
         """Why `pp` stages cannot split `layers` blocks and the pipeline's batch into `m` micro-batches, or None."""
-        if layers and pp > layers:
-            return f"pipeline parallelism over {pp} stages needs at least {pp} layers (one per stage); n_layers={layers}"
-        if layers and layers % pp:
-            return f"pipeline parallelism over {pp} stages needs n_layers divisible by {pp}; n_layers={layers}"
-        if self.schedule == ONE_F_ONE_B and m < pp:
-            return f"1F1B needs at least as many micro-batches as stages; microbatches={m} < pp_degree={pp}"
+        return stage_split_error(layers, self.total_stages(pp), self.stage_layers) or self.plan.microbatch_error(pp, m) or (
+            self._batch_error(pp, m, batch))  # fmt: skip
+
+    @staticmethod
+    def _batch_error(pp: int, m: int, batch: int) -> str | None:
         if batch and (batch * pp) % m:
             return (
                 f"pipeline parallelism: the pipeline's batch of {batch * pp} samples (batch_size x pp) does not "
@@ -193,8 +213,9 @@ class PipelineParallel(Sharding):
         return True
 
     def reports_loss(self, rank: int, world_size: int) -> bool:
-        """Only the last stage computes the loss."""
-        return self.stage_of(rank, world_size)[1] == self.degree(world_size) - 1
+        """Only the rank holding the last stage computes the loss."""
+        pp = self.degree(world_size)
+        return self.stage_of(rank, world_size)[1] == self.plan.rank_of(self.total_stages(pp) - 1, pp)
 
     def layout_tokens(self, step_tokens: int) -> int:
         """`Layout.tokens` is one micro-batch's: the step's tokens over M."""
@@ -222,7 +243,7 @@ class PipelineParallel(Sharding):
 
     def send_bytes_of_rank(self, rank: int, w: World) -> dict[str, dict[str, float]]:
         """Bytes `rank` sends per step, by link then "op:dtype": its P2P sends (forward to the next stage, backward
-        to the previous one, M each) and its stage's data-parallel all-reduce (bus bytes, Psi/pp of the model: the
+        to the previous one, M each, over every boundary between two of its stages and another rank's) and its stage's data-parallel all-reduce (bus bytes, Psi/pp of the model: the
         stages' own Psi_p are not in a Psi-only description). Links: a send is INTER when its two ranks sit on
         different nodes, an all-reduce when its group spans nodes (ranks numbered node-major, as the runner checks
         for a node mesh; `nodes` equal nodes of world_size/nodes ranks)."""
@@ -233,12 +254,17 @@ class PipelineParallel(Sharding):
         dp = n // pp
         per_node = max(n // max(w.nodes, 1), 1)
         out: dict[str, dict[str, float]] = {INTRA: {}, INTER: {}}
-        _, p = self.stage_of(rank, n)
+        d, p = self.stage_of(rank, n)
         send = self.microbatches * self._boundary_elems(w.layout) * torch_dtype(self.act_dtype_name).itemsize
         key = f"send:{dtype_name(self.act_dtype_name)}"
-        for peer in (rank + 1 if p < pp - 1 else None, rank - 1 if p > 0 else None):
-            if peer is not None:
-                add_bytes(out[INTER if rank // per_node != peer // per_node else INTRA], key, send)
+        for s in range(self.total_stages(pp) - 1):  # boundary s -> s+1: forward from s's rank, backward from s+1's
+            a, b = self.plan.rank_of(s, pp), self.plan.rank_of(s + 1, pp)
+            if a == b:  # both stages on one rank (ZBV's turn): nothing crosses a link
+                continue
+            for src, dst in ((a, b), (b, a)):
+                if src == p:
+                    peer = d * pp + dst
+                    add_bytes(out[INTER if rank // per_node != peer // per_node else INTRA], key, send)
         if dp > 1:
             group = self.replica_ranks(rank, n)
             link = INTER if len({r // per_node for r in group}) > 1 else INTRA
@@ -276,8 +302,9 @@ class PipelineParallel(Sharding):
         bs = blocks(model)
         if not bs or not all(hasattr(model, a) for a in ("tok", "pos", "ln_f", "head")):
             raise ValueError(f"pipeline parallelism needs the gpt model (embeddings, blocks, ln_f, head); got {type(model).__name__}")
-        if len(bs) % pp:
-            raise ValueError(f"pipeline parallelism over {pp} stages needs n_layers divisible by {pp}; n_layers={len(bs)}")
+        reason = stage_split_error(len(bs), self.total_stages(pp), self.stage_layers)
+        if reason:
+            raise ValueError(reason)
 
     def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
         import torch.distributed as dist
@@ -289,14 +316,17 @@ class PipelineParallel(Sharding):
         self.check_layout(model, n)
         rank = dist.get_rank()
         _, p = self.stage_of(rank, n)
-        per = len(blocks(model)) // pp
-        stage = GPTStage(model, p * per, (p + 1) * per, first=p == 0, last=p == pp - 1,
-                         wire_dtype_name=self.act_dtype_name).to(device)  # fmt: skip
+        sizes = self.splits(pp, len(blocks(model)))
+        starts = [sum(sizes[:s]) for s in range(len(sizes))]
+        last = len(sizes) - 1
+        mine = [s for s in range(len(sizes)) if self.plan.rank_of(s, pp) == p]
+        stages = [(s, GPTStage(model, starts[s], starts[s] + sizes[s], first=s == 0, last=s == last,
+                               wire_dtype_name=self.act_dtype_name).to(device)) for s in mine]  # fmt: skip
         # Every rank creates every group (new_group is collective), then keeps its own.
         pipe_groups = [dist.new_group(list(range(d * pp, d * pp + pp))) for d in range(n // pp)]
         dp_groups = [dist.new_group(list(range(q, n, pp))) for q in range(pp)] if n > pp else []
-        return PipelineRank(stage, p, pp, self.microbatches, SCHEDULES[self.schedule], pipe_groups[rank // pp],
-                            device, dp_groups[p] if dp_groups else None)  # fmt: skip
+        return PipelineRank(stages, p, pp, self.microbatches, self.plan, pipe_groups[rank // pp], device,
+                            dp_groups[p] if dp_groups else None)  # fmt: skip
 
     def pipeline_step(
         self,
@@ -329,7 +359,7 @@ class PipelineParallel(Sharding):
         by stage and direction (`p2p_timing.profile`; collective over the world)."""
         rank: Any = model
         counter = CommCounter.active() or CommCounter()
-        theory = bubble_theory(rank.stages, self.microbatches)
+        theory = self.plan.theory(rank.stages, self.microbatches, self.virtual)
         return profile(rank.clock, rank.p2p, stage=rank.index, skip=warmup, theory=theory, counter=counter)
 
 
@@ -349,6 +379,10 @@ _POLICIES = (
     _pp("pp_gpipe_bf16", GPIPE, BF16, "pipeline parallel (GPipe), autocast bf16; activations and their gradients sent bf16"),
     _pp("pp_1f1b_fp32", ONE_F_ONE_B, FP32, "pipeline parallel (1F1B; pp_degree stages, data parallel over the rest), fp32; activations sent fp32"),
     _pp("pp_1f1b_bf16", ONE_F_ONE_B, BF16, "pipeline parallel (1F1B), autocast bf16; activations and their gradients sent bf16"),
+    _pp("pp_interleaved_fp32", INTERLEAVED, FP32, "pipeline parallel (interleaved 1F1B; virtual_stages stages per rank, looped), fp32; activations sent fp32"),
+    _pp("pp_interleaved_bf16", INTERLEAVED, BF16, "pipeline parallel (interleaved 1F1B), autocast bf16; activations and their gradients sent bf16"),
+    _pp("pp_izb_fp32", INTERLEAVED_ZB, FP32, "pipeline parallel (interleaved zero bubble: weight gradients fill the bubble), fp32"),
+    _pp("pp_zbv_fp32", ZBV, FP32, "pipeline parallel (ZBV zero bubble: two stages per rank in a V), fp32"),
 )  # fmt: skip
 for _p in _POLICIES:
     register_policy(_p)
