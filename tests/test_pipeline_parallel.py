@@ -42,7 +42,15 @@ def _stage_params(model: Any, p: int, pp: int) -> int:
     return sum(q.numel() for m in mods for q in m.parameters())
 
 
-def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -> dict[str, Any]:
+Layout = tuple[int, tuple[str, ...], tuple[int, ...]]
+"""(pp_degree, policies, stage_layers: () for balanced stages)."""
+
+
+def _key(pp_degree: int, name: str, split: tuple[int, ...]) -> str:
+    return f"{pp_degree}/{name}" + (f"/{list(split)}" if split else "")
+
+
+def _rank(rank: int, n: int, layouts: tuple[Layout, ...]) -> dict[str, Any]:
     import torch
 
     from commbench.core import plugins
@@ -53,8 +61,8 @@ def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -
 
     plugins.load()
     out: dict[str, Any] = {"p2p": _p2p_counts(rank, n)}
-    for pp_degree, names in layouts:
-        sec = TrainingConfig.coerce({**SECTION, "pp_degree": pp_degree})
+    for pp_degree, names, split in layouts:
+        sec = TrainingConfig.coerce({**SECTION, "pp_degree": pp_degree, "stage_layers": list(split) or None})
         for name in names:
             sess = PolicySession(get_policy(name).configure(sec), sec, torch.device("cpu"))
             with sess.counter:
@@ -64,7 +72,7 @@ def _rank(rank: int, n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -
                 sess.timed_comm_step(2)  # its sends replayed one by one, timed; DDP's all-reduce timed in place
                 timed = sess.counter.timed_calls()
                 run = sess.finish()
-            out[f"{pp_degree}/{name}"] = dict(
+            out[_key(pp_degree, name, split)] = dict(
                 calls=calls, counted=counted, expected=run.comm_expected, mean=run.steps[1].comm,
                 loss=run.steps[0].loss, grad_norm=run.steps[0].grad_norm, parallelism=sess.policy.sharding.parallelism,
                 timed=timed, comm_time=run.comm_time_us.value if run.comm_time_us else None, profile=run.profile,
@@ -163,11 +171,11 @@ def _check_timed(results: list[dict[str, Any]], r: int, key: str, pp: int, n: in
     assert set(json.loads(prof["p2p_time_us"])) == dirs, key
 
 
-def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[tuple[int, tuple[str, ...]], ...]) -> None:
-    for pp_degree, names in layouts:
+def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[Layout, ...]) -> None:
+    for pp_degree, names, split in layouts:
         pp = pp_degree or n
         for name in names:
-            key = f"{pp_degree}/{name}"
+            key = _key(pp_degree, name, split)
             per_rank = [_expected(r, n, pp, name, results[0]["stage_params"][pp]) for r in range(n)]
             mean: dict[str, float] = {}
             for e in per_rank:
@@ -203,13 +211,14 @@ def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[tuple[int
 
 @pytest.mark.timeout(300)
 def test_pp_two_ranks() -> None:
-    layouts = ((0, POLICIES + MULTI),)
+    # uneven stages (1 and 3 blocks): the same boundary bytes, the unsplit model's loss and gradients
+    layouts = ((0, POLICIES + MULTI, ()), (0, ("pp_1f1b_fp32",), (1, 3)))
     _check_world(run_in_world(_rank, nproc=2, timeout=280, layouts=layouts), 2, layouts)
 
 
 @pytest.mark.timeout(420)
 def test_pp_four_ranks_and_pp_times_dp() -> None:
-    layouts = ((0, POLICIES), (2, ("pp_gpipe_fp32", "pp_1f1b_bf16")))
+    layouts = ((0, POLICIES, ()), (2, ("pp_gpipe_fp32", "pp_1f1b_bf16"), ()))
     _check_world(run_in_world(_rank, nproc=4, timeout=400, layouts=layouts), 4, layouts)
 
 

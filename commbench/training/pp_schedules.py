@@ -56,7 +56,7 @@ class Schedule:
             if m % rounds:
                 return (
                     f"{self.name} runs max(1, microbatches // pp_degree) = {rounds} rounds, which must divide "
-                    f"microbatches={m}; valid: fewer than {pp}, or a multiple of {pp}"
+                    f"microbatches={m}; valid: fewer than {pp}, a multiple of {pp}, or any m that m // {pp} divides"
                 )
         return None
 
