@@ -94,7 +94,7 @@ def test_layout_error_names_the_problem() -> None:
     assert "over 4 stages needs at least 4 layers (one per stage); n_layers=2" in str(
         PP().configure(section(n_layers=2)).layout_error(4)
     )
-    assert "needs n_layers divisible by 4; n_layers=6" in str(PP().configure(section(n_layers=6)).layout_error(4))
+    assert PP().configure(section(n_layers=6)).layout_error(4) is None  # uneven: balanced over the stages
     assert "1F1B needs at least as many micro-batches as stages; microbatches=2 < pp_degree=4" in str(
         PP(schedule="1f1b").configure(section(microbatches=2, batch_size=8)).layout_error(4)
     )

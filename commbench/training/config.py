@@ -87,12 +87,7 @@ class TrainingConfig:
             one = "tp_degree" if self.tp_degree == 1 else "pp_degree"
             raise ValueError(f"training.{one}=1 is not valid; expected 0 (the whole world) or a degree >= 2")
         models.get(self.model).check(self)
-        # "all" on a model that cannot be split runs what applies and skips the TP/PP policies with their reason
-        policies = _registry("policy")
-        for name in self.policies if self.model == "gpt" or not every else ():
-            reason = policies.get(name).sharding.config_error(self)
-            if reason:
-                raise ValueError(f"training.policies: {name}: {reason}")
+        _check_layouts(self, every)
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> TrainingConfig:
@@ -119,6 +114,24 @@ class TrainingConfig:
     def replace(self, **changes: Any) -> TrainingConfig:
         """A re-validated copy with `changes`."""
         return dataclasses.replace(self, **changes)
+
+
+def _check_layouts(section: TrainingConfig, every: bool) -> None:
+    """A named policy whose layout no world can run is an error at load. Under "all" a layout setting is an error
+    only when every policy of its kind (tp, pp) refuses it: the others run, and those that cannot (the looped
+    schedules on too few layers, or any TP/PP policy on a model that cannot be split) skip with their reason."""
+    if every and section.model != "gpt":
+        return
+    policies = _registry("policy")
+    by_kind: dict[str, list[tuple[str, str | None]]] = {}
+    for name in section.policies:
+        sharding = policies.get(name).sharding
+        by_kind.setdefault(sharding.kind, []).append((name, sharding.config_error(section)))
+    for refusals in by_kind.values():
+        if not every or all(reason for _, reason in refusals):
+            for name, reason in refusals:
+                if reason:
+                    raise ValueError(f"training.policies: {name}: {reason}")
 
 
 def _registry(kind: str) -> Registry[Any]:
