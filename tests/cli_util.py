@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-FAST = ["--min-time", "0.002", "--min-iters", "1", "--repeats", "3", "--warmup", "1", "--quiet", "--no-report", "--no-training"]
+FAST = ["--min-time", "0.002", "--min-iters", "1", "--repeats", "3", "--warmup", "1", "--max-time", "0.3", "--quiet", "--no-report",
+        "--no-training"]  # sampling bounded: the suite's adaptive --max-time would sample a noisy point for 3 s
 
 
 def commbench(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -37,6 +37,7 @@ warmup = 1
 min_time_s = 0.002
 min_iters = 1
 repeats = 3
+budget_s = 0.3
 
 [training]
 model = "mlp"
@@ -47,6 +48,7 @@ vocab = 4
 steps = 2
 warmup_steps = 1
 comm_timed_steps = 1
+paired = false
 """
 
 

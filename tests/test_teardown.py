@@ -38,6 +38,6 @@ def test_worlds_that_hold_the_group_at_exit_leave_cleanly() -> None:
     # The CI failure this guards against: DDP with a Python-callback comm hook, the group still referenced at
     # exit, SIGABRT in a rank after every result was written. `benchmarks/stress_teardown.py` measures the
     # plain exit failing in some worlds; commbench's exit path must not fail in any.
-    for _ in range(4):
+    for _ in range(2):  # the rate over many worlds is the benchmark's (30 per exit path)
         ranks = stress_teardown.run_world("commbench")
         assert [code for code, _ in ranks] == [0, 0], ranks

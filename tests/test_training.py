@@ -49,7 +49,8 @@ SKIPPED = {**dict.fromkeys(TWO_D, "2-D TP x DP needs at least 4 ranks"),
            **dict.fromkeys(LOOPED, "pipeline parallelism over 4 stages needs at least 4 layers (one per stage)")}
 
 GPT: dict[str, Any] = {"model": "gpt", "steps": 2, "warmup_steps": 1, "batch_size": 4, "seq_len": 16, "d_model": 32,
-       "n_layers": 2, "n_heads": 4, "vocab": 64, "seed": 3}  # fmt: skip
+       "n_layers": 2, "n_heads": 4, "vocab": 64, "seed": 3,
+       "paired": False, "comm_timed_steps": 0}  # fmt: skip  # rounds and timed steps: tests/test_paired_rounds.py, test_training_commtime.py
 TINY_GRAD = {"model": "mlp", "policies": ["amp_fp16", "amp_fp16_noscaler"], "steps": 2, "warmup_steps": 1,
              "d_model": 32, "n_layers": 2, "vocab": 8, "loss_multiplier": 1e-7}  # fmt: skip
 CONV = {"model": "convnet", "policies": ["amp_fp16", "fsdp2_bf16", "fsdp1_bf16", "zero3_bf16"], "steps": 1,

@@ -16,7 +16,8 @@ from commbench.training.comm import CommCounter, comm_time_per_step
 from tests.distutil import run_in_world
 
 TINY: dict[str, Any] = {"model": "gpt", "steps": 2, "warmup_steps": 1, "batch_size": 2, "seq_len": 8, "d_model": 16,
-        "n_layers": 2, "n_heads": 2, "vocab": 32, "seed": 1, "measure_memory": False, "comm_timed_steps": 3}  # fmt: skip
+        "n_layers": 2, "n_heads": 2, "vocab": 32, "seed": 1, "measure_memory": False, "comm_timed_steps": 3,
+        "paired": False}  # fmt: skip
 # One policy per way the gradient travels: DDP's Python all_reduce hook, the async codec hook (all_to_all +
 # all_gather launched from callbacks), FSDP2's per-unit all_gather / reduce_scatter.
 POLICIES = ["fp32", "fp8_hook", "fsdp2_bf16"]

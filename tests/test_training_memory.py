@@ -111,7 +111,7 @@ def test_a_baseline_of_another_kind_is_refused(monkeypatch: pytest.MonkeyPatch) 
 
 
 SECTION: dict[str, Any] = {"model": "gpt", "steps": 1, "warmup_steps": 1, "batch_size": 2, "seq_len": 16,
-    "d_model": 128, "n_layers": 2, "n_heads": 4, "vocab": 512, "seed": 1, "comm_timed_steps": 0}  # fmt: skip
+    "d_model": 128, "n_layers": 2, "n_heads": 4, "vocab": 512, "seed": 1, "comm_timed_steps": 0, "paired": False}  # fmt: skip
 LEFTOVER = 64 * MiB
 
 

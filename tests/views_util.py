@@ -242,6 +242,8 @@ def real_run(base: Path, name: str = "a", precisions: str = "fp32,bf16") -> Path
         "3",
         "--warmup",
         "1",
+        "--max-time",
+        "0.3",
         "--quiet",
     ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
@@ -264,6 +266,7 @@ warmup = 1
 min_time_s = 0.002
 min_iters = 1
 repeats = 3
+budget_s = 0.3
 
 [training]
 model = "mlp"
@@ -271,6 +274,7 @@ policies = ["fp32", "bf16_hook"]
 steps = 3
 warmup_steps = 1
 vocab = 32
+paired = false
 """
 
 
