@@ -17,3 +17,27 @@ def commbench(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] |
     return subprocess.run(
         [sys.executable, "-m", "commbench", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
     )
+
+
+def commbench_here(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``commbench.cli.main(args)`` in this process, as `commbench` reports it (exit code, stdout, stderr): for input
+    refused before anything is launched, without a fresh interpreter's 3 s of imports per case. The environment and
+    the working directory are restored (main records its argv in COMMBENCH_ARGV)."""
+    import contextlib
+    import io
+
+    from commbench.cli import main
+
+    out, err, env, here = io.StringIO(), io.StringIO(), dict(os.environ), os.getcwd()
+    try:
+        os.chdir(cwd)  # contextlib.chdir is Python 3.11's
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's own refusals
+                code = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(env)
+    return subprocess.CompletedProcess(["commbench", *args], code, out.getvalue(), err.getvalue())

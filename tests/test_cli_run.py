@@ -16,6 +16,7 @@ import commbench
 from commbench.store.results import COLUMNS
 from tests.cli_util import FAST
 from tests.cli_util import commbench as run_cli
+from tests.cli_util import commbench_here
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -173,12 +174,19 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
 def test_bad_input_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
-    proc = run_cli(*args, cwd=tmp_path, timeout=60)
+    # in this process: refused before anything launches (test_bad_input_in_a_fresh_process: the same through -m)
+    proc = commbench_here(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "results").exists()  # nothing written
+
+
+def test_bad_input_in_a_fresh_process(tmp_path: Path) -> None:
+    proc = run_cli("run", "--collectives", "alreduce", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown collective 'alreduce'" in proc.stderr
+    assert not (tmp_path / "results").exists()
 
 
 def test_broken_suite_file(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import commbench
 from commbench.store.results import RunDirError, RunWriter, load_metadata, read_journal
 from tests.cli_util import FAST
 from tests.cli_util import commbench as run_cli
+from tests.cli_util import commbench_here
 from tests.views_util import fabricate_rows, fabricate_run
 
 pytestmark = pytest.mark.timeout(300)
@@ -94,7 +95,7 @@ def test_metadata_not_an_object_is_one_line(tmp_path: Path, content: str) -> Non
     with pytest.raises(RunDirError, match="JSON object"):
         load_metadata(tmp_path / "run")
     for args in (["report", "run"], ["run", "--resume", "run"]):
-        proc = run_cli(*args, cwd=tmp_path, timeout=60)
+        proc = commbench_here(*args, cwd=tmp_path)
         assert proc.returncode == 2 and "JSON object" in proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 

@@ -118,6 +118,9 @@ def save_figure(
             meta = {"Date": None} if fmt == "svg" else {}
             fig.savefig(p, format=fmt, dpi=dpi, metadata=meta)
             paths[fmt] = p
+            # laid out once: the next formats reuse the positions the first save computed (the layout engine's
+            # pass over every tick label is most of a save)
+            fig.set_layout_engine("none")
         return paths
     finally:
         plt.close(fig)
