@@ -132,7 +132,7 @@ def test_killed_rank_then_resume(tmp_path: Path) -> None:
     # every point finished before the kill is kept; the others have provisional rows of their first two passes
     assert sorted(done[~done["partial"]]["fp32_bytes"]) == [1024, 2048, 4096]
     before = (out / "rows.jsonl").read_text()
-    mismatch = run_cli(*[a if a != "2" else "3" for a in args], "--resume", str(out), cwd=tmp_path)
+    mismatch = commbench_here(*[a if a != "2" else "3" for a in args], "--resume", str(out), cwd=tmp_path)
     assert mismatch.returncode == 2 and "cannot resume" in mismatch.stderr and "2 ranks on gloo" in mismatch.stderr
     proc = run_cli(*args, "--resume", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -192,11 +192,11 @@ def test_bad_input_in_a_fresh_process(tmp_path: Path) -> None:
 def test_broken_suite_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("collectives = [all_reduce\n")
-    proc = run_cli("run", str(bad), cwd=tmp_path, timeout=60)
+    proc = commbench_here("run", str(bad), cwd=tmp_path)
     assert proc.returncode == 2 and "broken suite file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     unknown = tmp_path / "unknown.toml"
     unknown.write_text('precisions = ["fp32", "fp128"]\n')
-    proc = run_cli("run", str(unknown), cwd=tmp_path, timeout=60)
+    proc = commbench_here("run", str(unknown), cwd=tmp_path)
     assert proc.returncode == 2 and "unknown precision 'fp128'" in proc.stderr
 
 
@@ -204,12 +204,12 @@ def test_out_dir_not_overwritten_or_unwritable(tmp_path: Path) -> None:
     out = tmp_path / "full"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    proc = run_cli("run", "--out", str(out), cwd=tmp_path, timeout=60)
+    proc = commbench_here("run", "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 2 and "is not empty" in proc.stderr
     assert (out / "keep.txt").read_text() == "precious" and len(list(out.iterdir())) == 1
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    proc = run_cli("run", "--out", str(blocker / "run"), cwd=tmp_path, timeout=60)
+    proc = commbench_here("run", "--out", str(blocker / "run"), cwd=tmp_path)
     assert proc.returncode == 2 and "cannot be created" in proc.stderr
     assert blocker.read_text() == "x"
 
@@ -261,7 +261,7 @@ def test_nccl_without_gpus_is_bad_input(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has GPUs: --backend nccl is valid here")
-    proc = run_cli("run", "--backend", "nccl", cwd=tmp_path, timeout=60)
+    proc = commbench_here("run", "--backend", "nccl", cwd=tmp_path)
     assert proc.returncode == 2 and "backend 'nccl' needs a GPU per rank" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "results").exists()
 
@@ -322,9 +322,9 @@ def test_sizes_accept_nccl_tests_units_all_1024_based(tmp_path: Path) -> None:
     for bad in ("1iB", "1T", "1.5M", "1 M B", "-1K"):
         with pytest.raises(ValueError, match="1024-based"):
             commbench.parse_size(bad)
-    proc = run_cli("run", "-b", "1TB", cwd=tmp_path)
+    proc = commbench_here("run", "-b", "1TB", cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "KiB" in proc.stderr
-    assert "1024-based" in run_cli("run", "--help", cwd=tmp_path).stdout.replace("\n", " ")
+    assert "1024-based" in commbench_here("run", "--help", cwd=tmp_path).stdout.replace("\n", " ")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"]])
@@ -349,7 +349,7 @@ def test_run_help_shows_every_default(tmp_path: Path) -> None:
     from commbench.cli import build_parser
 
     run = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "run" in a.choices).choices["run"]
-    text = " ".join(run_cli("run", "--help", cwd=tmp_path).stdout.split())
+    text = " ".join(commbench_here("run", "--help", cwd=tmp_path).stdout.split())
     for action in run._actions:
         if action.help in (None, "==SUPPRESS==") or action.dest == "help" or action.help.startswith("skip the"):
             continue  # --no-check is the negation of --check, whose line states the default
@@ -457,5 +457,5 @@ def test_isolated_timing_mode_times_one_op_per_sample(tmp_path: Path) -> None:
     assert len(df) == 8 and (df["timing_mode"] == "isolated").all() and (df["iters"] == 1).all()
     assert (df["time_us"] > 0).all() and (df["time_ci_low_us"] <= df["time_us"]).all()
     assert (df["wrong"] == 0).all()
-    bad = run_cli(*args[:-len(FAST) - 2], "--timing-mode", "burst", "--out", str(tmp_path / "bad"), cwd=tmp_path)
+    bad = commbench_here(*args[:-len(FAST) - 2], "--timing-mode", "burst", "--out", str(tmp_path / "bad"), cwd=tmp_path)
     assert bad.returncode == 2 and "invalid choice: 'burst'" in bad.stderr and "Traceback" not in bad.stderr

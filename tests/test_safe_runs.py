@@ -145,7 +145,7 @@ def test_dead_rank_one_line_per_rank_then_resume_alone(tmp_path: Path) -> None:
     assert commbench.load_metadata(out)["partial"]["final_points"] == 2
     # different settings would mix rows measured otherwise: refused, naming the difference
     for extra, word in ((["--precisions", "fp32,bf16"], "precisions"), (["--min-time", "0.5"], "timing"), (["-e", "64K"], "max_bytes")):
-        bad = run_cli("run", "--resume", str(out), *extra, cwd=tmp_path, timeout=60)
+        bad = commbench_here("run", "--resume", str(out), *extra, cwd=tmp_path)
         assert bad.returncode == 2 and "cannot resume" in bad.stderr and word in bad.stderr, bad.stderr
     # --resume alone: the run's own world size (3, not the default 2) and settings
     proc = run_cli("run", "--resume", str(out), "--no-report", "--quiet", cwd=tmp_path)
