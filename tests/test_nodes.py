@@ -148,7 +148,8 @@ def test_a_failed_collective_names_the_lost_node_and_its_ranks() -> None:
 # --- HSDP on a local gloo world ---------------------------------------------------------------------------------
 
 SECTION = {"model": "gpt", "d_model": 16, "n_layers": 1, "n_heads": 2, "vocab": 8, "seq_len": 4, "batch_size": 2,
-           "steps": 1, "warmup_steps": 1, "measure_memory": False, "paired": False}  # fmt: skip
+           "steps": 1, "warmup_steps": 1, "measure_memory": False, "paired": False,
+           "comm_timed_steps": 0}  # fmt: skip
 
 
 def _train(rank: int, world_size: int, policies: list[str], hosts: list[str]) -> list[dict[str, Any]]:

@@ -275,6 +275,7 @@ steps = 3
 warmup_steps = 1
 vocab = 32
 paired = false
+comm_timed_steps = 2
 """
 
 
