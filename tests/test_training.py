@@ -48,7 +48,7 @@ LOOPED = {"pp_interleaved_fp32", "pp_interleaved_bf16", "pp_izb_fp32", "pp_zbv_f
 SKIPPED = {**dict.fromkeys(TWO_D, "2-D TP x DP needs at least 4 ranks"),
            **dict.fromkeys(LOOPED, "pipeline parallelism over 4 stages needs at least 4 layers (one per stage)")}
 
-GPT: dict[str, Any] = {"model": "gpt", "steps": 2, "warmup_steps": 1, "batch_size": 4, "seq_len": 16, "d_model": 32,
+GPT: dict[str, Any] = {"model": "gpt", "steps": 1, "warmup_steps": 1, "batch_size": 4, "seq_len": 16, "d_model": 32,
        "n_layers": 2, "n_heads": 4, "vocab": 64, "seed": 3,
        "paired": False, "comm_timed_steps": 0}  # fmt: skip  # rounds and timed steps: tests/test_paired_rounds.py, test_training_commtime.py
 TINY_GRAD = {"model": "mlp", "policies": ["amp_fp16", "amp_fp16_noscaler"], "steps": 2, "warmup_steps": 1,

@@ -27,6 +27,7 @@ def add_plan_parser(sub: Any) -> None:
     pl._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
     pl.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR", help="fit a cost model to this run directory")
     pl.add_argument("--model", type=Path, help="cost model JSON from `commbench fit`")
+    pl.add_argument("--replay", type=Path, metavar="DIR", help="a `commbench replay` folder: the job's own calls as the layout's communication (docs/replay.md)")
     pl.add_argument("--params", type=positive_float, help="parameters, Psi (e.g. 7e9); default: the model preset's")
     pl.add_argument("--model-preset", help="published model shape: llama2-7b | llama3-8b | llama3-70b | gpt3-175b")
     pl.add_argument("--nodes", type=positive_int, help="nodes (default 1; a layout: what it needs)")
@@ -108,9 +109,11 @@ def cmd_plan(args: argparse.Namespace, argv: list[str]) -> int:
         if args.target_tokens_per_s is not None:
             raise CLIError("give either --target-tokens-per-s or --train-tokens with --days, not both")
         args.target_tokens_per_s = args.train_tokens / (args.days * 86400.0)
+    if args.replay is not None and (args.gpus is not None or args.target_tokens_per_s is not None):
+        raise CLIError("--replay prices one layout (--tp/--pp/--dp/--cp), not the search (--gpus, a target)")
     if args.gpus is not None or args.target_tokens_per_s is not None:
         return _cmd_search(args, model, shape)
-    if any(getattr(args, f) is not None for f in LAYOUT_FLAGS):
+    if args.replay is not None or any(getattr(args, f) is not None for f in LAYOUT_FLAGS):
         return _cmd_layout(args, model, shape)
     return _cmd_flat(args, model, shape)
 
@@ -119,12 +122,14 @@ def _cmd_layout(args: argparse.Namespace, model: Path | None, shape: dict[str, o
     """``plan --tp T --pp P --dp D ...``: exactly one layout (commbench.planning.layout_plan)."""
     import sys
 
+    from commbench.planning import replay_comm
     from commbench.planning.layout_plan import plan_layout
     from commbench.planning.layout_render import format_layout, write_layout
 
     extra: dict[str, object] = {}
     if args.headroom is not None:
         extra["headroom"] = args.headroom
+    replayed = None if args.replay is None else replay_comm.load_replay(args.replay)
     df = plan_layout(
         model_preset=args.model_preset, params=args.params, tp=_one("tp", args.tp, 1), pp=_one("pp", args.pp, 1),
         dp=args.dp, cp=_one("cp", args.cp, 1), vpp=_one("vpp", args.vpp, 1),
@@ -137,8 +142,17 @@ def _cmd_layout(args: argparse.Namespace, model: Path | None, shape: dict[str, o
         mfu=args.mfu, tflops=args.tflops, overlap=args.overlap, device_memory=args.device_memory, model=model,
         **extra, **shape,  # type: ignore[arg-type]
     )  # fmt: skip
+    if replayed is not None:
+        r = df.iloc[0]
+        rows = replay_comm.price(replayed, tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), cp=int(r["cp"]),
+                                 precisions=list(dict.fromkeys(df["precision"])))  # fmt: skip
     paths = write_layout(df, args.out)
     print(format_layout(df))
+    if replayed is not None:
+        replay_comm.write_rows(args.out / "plan_replay.csv", rows)
+        for line in replay_comm.summary(rows, replayed, f"TP {r['tp']} x PP {r['pp']} x DP {r['dp']} x CP {r['cp']}"):
+            print(f"# {line}")
+        print(f"replay: {args.out / 'plan_replay.csv'}")
     for kind in ("csv", "md", "html"):
         print(f"{kind}: {paths[kind]}")
     if df.attrs.get("would_fit"):
