@@ -14,9 +14,8 @@ import pytest
 
 import commbench
 from commbench.store.results import COLUMNS
-from tests.cli_util import FAST
+from tests.cli_util import FAST, commbench_here
 from tests.cli_util import commbench as run_cli
-from tests.cli_util import commbench_here
 
 pytestmark = pytest.mark.timeout(240)
 

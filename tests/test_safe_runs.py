@@ -13,9 +13,8 @@ import pytest
 
 import commbench
 from commbench.store.results import RunDirError, RunWriter, load_metadata, read_journal
-from tests.cli_util import FAST
+from tests.cli_util import FAST, commbench_here
 from tests.cli_util import commbench as run_cli
-from tests.cli_util import commbench_here
 from tests.views_util import fabricate_rows, fabricate_run
 
 pytestmark = pytest.mark.timeout(300)

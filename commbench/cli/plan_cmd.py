@@ -150,7 +150,8 @@ def _cmd_layout(args: argparse.Namespace, model: Path | None, shape: dict[str, o
     print(format_layout(df))
     if replayed is not None:
         replay_comm.write_rows(args.out / "plan_replay.csv", rows)
-        for line in replay_comm.summary(rows, replayed, f"TP {r['tp']} x PP {r['pp']} x DP {r['dp']} x CP {r['cp']}"):
+        own = {str(p): float(c) for p, c in zip(df["precision"][::-1], df["comm_total_s"][::-1], strict=True)}  # the first row's
+        for line in replay_comm.summary(rows, replayed, f"TP {r['tp']} x PP {r['pp']} x DP {r['dp']} x CP {r['cp']}", own):
             print(f"# {line}")
         print(f"replay: {args.out / 'plan_replay.csv'}")
     for kind in ("csv", "md", "html"):
