@@ -103,17 +103,68 @@ def _rank_cores(run: Path) -> tuple[int, list[str]]:
 @pytest.mark.skipif(
     not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 allowed cores"
 )
-def test_local_spawn_binds_each_rank_to_its_own_cores_unless_told_not_to(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_local_spawn_binds_each_rank_to_its_own_cores_unless_told_not_to(spawn: str, tmp_path: Path) -> None:
+    """Both ways of starting ranks (forked from the supervisor, or fresh interpreters) give the same world: bound
+    cores, rows, and what the supervisor printed before the spawn printed once."""
     from commbench.cluster.launch import core_blocks, describe_cores
 
     allowed = sorted(os.sched_getaffinity(0))
-    args = ["run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", "1K", "-e", "1K", "--nproc", "2", *FAST]
-    p = commbench(*args, "--out", str(tmp_path / "bound"), cwd=tmp_path, env={"COMMBENCH_PIN_RANKS": ""})
+    args = ["run", "--collectives", "all_reduce", "--precisions", "fp32", "-b", "1K", "-e", "1K", "--nproc", "2", *FAST,
+            "-c", "1"]  # fmt: skip
+    env = {"COMMBENCH_PIN_RANKS": "", "COMMBENCH_SPAWN": spawn}
+    p = commbench(*args, "--out", str(tmp_path / "bound"), cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stderr
     threads, cores = _rank_cores(tmp_path / "bound")
     blocks = core_blocks(allowed, 2)
     assert blocks is not None
     assert cores == [describe_cores(b) for b in blocks] and threads == len(blocks[0])
-    p = commbench(*args, "--out", str(tmp_path / "free"), cwd=tmp_path, env={"COMMBENCH_PIN_RANKS": "0"})
+    notes = [line for line in p.stderr.splitlines() if line.startswith("# note:")]
+    assert notes and len(notes) == len(set(notes)), p.stderr  # nothing buffered before the fork printed twice
+    assert p.stdout.count("all_reduce") >= 1 and (tmp_path / "bound" / "rows.jsonl").read_text().count("\n") >= 1
+    p = commbench(*args, "--out", str(tmp_path / "free"), cwd=tmp_path, env={**env, "COMMBENCH_PIN_RANKS": "0"})
     assert p.returncode == 0, p.stderr
     assert _rank_cores(tmp_path / "free")[1] == [describe_cores(allowed)] * 2
+
+
+def test_fork_is_refused_where_it_is_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from commbench.cluster import forked
+
+    monkeypatch.setenv("COMMBENCH_SPAWN", "exec")
+    assert forked.fork_refusal() == "COMMBENCH_SPAWN=exec"
+    monkeypatch.setenv("COMMBENCH_SPAWN", "vfork")
+    with pytest.raises(ValueError, match="COMMBENCH_SPAWN='vfork': valid values are fork, exec"):
+        forked.fork_refusal()
+    monkeypatch.setenv("COMMBENCH_SPAWN", "fork")
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert "Python threads in the supervisor" in (forked.fork_refusal() or "")
+    finally:
+        stop.set()
+        t.join()
+    monkeypatch.setitem(sys.modules, "pynvml", object())
+    if threading.active_count() == 1:  # pytest-xdist's worker may run threads of its own
+        assert forked.fork_refusal() == "NVML is loaded in the supervisor"
+
+
+def test_forked_rank_reports_exit_codes_and_signals_as_popen_does() -> None:
+    import signal
+
+    from commbench.cluster.forked import ForkedRank
+
+    # the Popen objects stay referenced: a collected one is reaped by subprocess itself, and the exit code with it
+    done = subprocess.Popen(["sh", "-c", "exit 3"])
+    rank = ForkedRank(done.pid)
+    assert rank.wait(timeout=30) == 3 and rank.poll() == 3
+    sleeping = subprocess.Popen(["sleep", "30"])
+    rank = ForkedRank(sleeping.pid)
+    assert rank.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        rank.wait(timeout=0.05)
+    rank.terminate()
+    assert rank.wait(timeout=30) == -signal.SIGTERM
+    rank.kill()  # an ended rank: nothing to signal, no error

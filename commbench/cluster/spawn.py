@@ -1,7 +1,7 @@
-"""A local spawn and its supervision: ``python -m commbench`` re-executed once per rank with torchrun's variables on
-loopback, each rank bound to its block of cores, the rendezvous socket handed to rank 0, and a supervisor that ends
-the run when the first rank dies, names a rank that stopped responding once the others time out, and leaves no
-child behind.
+"""A local spawn and its supervision: ``python -m commbench`` once per rank with torchrun's variables on loopback
+(forked from the supervisor where that is safe, :mod:`commbench.cluster.forked`, else a fresh interpreter), each
+rank bound to its block of cores, the rendezvous socket handed to rank 0, and a supervisor that ends the run when the
+first rank dies, names a rank that stopped responding once the others time out, and leaves no child behind.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+
+from commbench.cluster import forked
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = (dist.constants.default_pg_nccl_timeout or _dt.timedelta(minutes=10)).total_seconds()
 """torch's own collective timeout (ProcessGroupNCCL's watchdog: 10 min), used for every backend and for the
@@ -201,8 +203,9 @@ def spawn_local(
     cores = allowed_cores()
     blocks = core_blocks(cores, nproc) if os.environ.get(PIN_ENV) != "0" and hasattr(os, "sched_setaffinity") else None
     threads = len(blocks[0]) if blocks else max(1, len(cores) // nproc)
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Any] = []  # subprocess.Popen, or forked.ForkedRank with the same poll/wait/terminate/kill
     ours = {"COMMBENCH_LAUNCHER": "local", "COMMBENCH_PARENT_PID": str(os.getpid())}
+    refusal = forked.fork_refusal()
     try:
         for rank in range(nproc):
             env = {**os.environ, **local_rank_env(rank, nproc, port, threads), **ours}
@@ -214,11 +217,17 @@ def spawn_local(
                 env[LOG_DIR_ENV] = str(log_dir)
                 if rank > 0:
                     stderr = open(log_dir / f"rank{rank}.log", "ab")
-                    logs.append(stderr)
-            procs.append(
-                subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env, pass_fds=fds, stderr=stderr)
-            )
-            if blocks:
+            if refusal is None:
+                block = blocks[rank] if blocks else None
+                procs.append(forked.fork_rank(argv, env, stderr=stderr, keep_fds=fds, close=[listener, *logs],
+                                              cores=block, bind=bind))  # fmt: skip
+            else:
+                procs.append(
+                    subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env, pass_fds=fds, stderr=stderr)
+                )
+            if stderr is not None:
+                logs.append(stderr)
+            if blocks and refusal is not None:
                 # bound before the rank has started a thread (Popen returns once the child has exec'd), so
                 # every thread it starts (gloo's, torch's) inherits the block; where the system refuses, the rank
                 # runs unbound and its node report says so
@@ -235,7 +244,7 @@ def spawn_local(
             f.close()
 
 
-def _rank_lines(procs: list[subprocess.Popen[bytes]], log_dir: Path | None) -> list[str]:
+def _rank_lines(procs: Sequence[Any], log_dir: Path | None) -> list[str]:
     """One line per rank: how it ended and the last line of its log."""
     out = []
     for r, p in enumerate(procs):
@@ -248,7 +257,7 @@ def _rank_lines(procs: list[subprocess.Popen[bytes]], log_dir: Path | None) -> l
     return out
 
 
-def _supervise(procs: list[subprocess.Popen[bytes]], timeout_s: float | None, grace_s: float) -> None:
+def _supervise(procs: Sequence[Any], timeout_s: float | None, grace_s: float) -> None:
     timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S if timeout_s is None else timeout_s
     while True:
         codes = [p.poll() for p in procs]
@@ -280,7 +289,7 @@ def _supervise(procs: list[subprocess.Popen[bytes]], timeout_s: float | None, gr
     raise RankFailure(f"rank {r} {_describe_exit(c)}; stopped the other ranks")
 
 
-def _terminate(procs: list[subprocess.Popen[bytes]]) -> None:
+def _terminate(procs: Sequence[Any]) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
