@@ -234,13 +234,14 @@ def test_a_plugin_that_raises_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_plugin_codec_runs_in_the_spawned_ranks(toy_plugin: Path) -> None:
-    """``--plugin`` before the sub-command; the ranks re-execute ``python -m commbench`` and load it too."""
+    """``--plugin`` before the sub-command; ranks started as fresh interpreters (``COMMBENCH_SPAWN=exec``, as under
+    torchrun) load it too, through COMMBENCH_PLUGINS (forked ranks inherit it loaded)."""
     log = toy_plugin / "imports.log"
     out = toy_plugin / "run"
     r = run_cli(
         "--plugin", "toy_codec_plugin", "run", "--collectives", "all_reduce", "--precisions", "fp32,toy_bf16",
         "-b", "1K", "-e", "4K", "-f", "4", "--nproc", "2", "--out", str(out), *FAST,
-        cwd=toy_plugin, env=_env(toy_plugin, TOY_PLUGIN_LOG=str(log)),
+        cwd=toy_plugin, env=_env(toy_plugin, TOY_PLUGIN_LOG=str(log), COMMBENCH_SPAWN="exec"),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     pids = log.read_text().split()

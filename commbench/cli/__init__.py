@@ -244,7 +244,8 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed, not our re-exec
     try:
         spawn_local(
-            child_argv + ["--no-report"], nproc, timeout_s=args.timeout, grace_s=args.exit_grace, log_dir=out / LOGS_DIR
+            child_argv + ["--no-report"], nproc, timeout_s=args.timeout, grace_s=args.exit_grace, log_dir=out / LOGS_DIR,
+            entry=main,
         )
     except KeyboardInterrupt:
         print(f"\ncommbench: interrupted; {resume_hint(args, out)}", file=sys.stderr)

@@ -134,7 +134,7 @@ def cmd_replay(args: argparse.Namespace, argv: list[str]) -> int:
     child = [*argv, "--backend", backend, "--out", str(out), "--nproc", str(nproc)]
     os.environ["COMMBENCH_ARGV"] = json.dumps(argv)  # metadata records what the user typed
     try:
-        spawn_local(child, nproc, timeout_s=args.timeout, log_dir=out / "logs")
+        spawn_local(child, nproc, timeout_s=args.timeout, log_dir=out / "logs")  # fresh interpreters per rank
     except RankFailure as e:
         print(f"commbench: error: {e}", file=sys.stderr)
         return 1

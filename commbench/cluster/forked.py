@@ -3,7 +3,8 @@ imported (copy-on-write pages of the supervisor's), instead of importing them ag
 
 A fresh ``python -m commbench`` costs every rank the import of torch (2-3 CPU-seconds on a small VM: a 4-rank run on
 2 cores spends longer importing than measuring its default suite). A forked rank runs the same entry point
-(:func:`commbench.cli.main` with the rank's argv and environment) in the state a fresh interpreter would have:
+(the CLI's ``main``, handed down by the command that spawns: this layer does not import the CLI, with the rank's
+argv and environment) in the state a fresh interpreter would have:
 the environment replaced, ``sys.argv`` set, signal handlers and ``atexit`` callbacks reset, stdio flushed before
 the fork so nothing printed is printed twice, the rank's stderr on its log, the fds of other ranks closed.
 
@@ -104,6 +105,7 @@ def fork_rank(
     close: Sequence[Any],
     cores: set[int] | None,
     bind: Callable[[int, set[int]], bool],
+    entry: Callable[[list[str]], int],
 ) -> ForkedRank:
     """Fork one rank running ``commbench.cli.main(argv)`` under ``env``. ``close``: objects with ``close()`` (the
     other ranks' logs, the listener where it is not kept) the rank must not hold; ``keep_fds``: fds it inherits."""
@@ -115,7 +117,7 @@ def fork_rank(
         pid = os.fork()
     if pid:
         return ForkedRank(pid)
-    _child(argv, env, stderr, keep_fds, close, cores, bind)
+    _child(argv, env, stderr, keep_fds, close, cores, bind, entry)
 
 
 def _child(
@@ -126,6 +128,7 @@ def _child(
     close: Sequence[Any],
     cores: set[int] | None,
     bind: Callable[[int, set[int]], bool],
+    entry: Callable[[list[str]], int],
 ) -> NoReturn:
     code = 1
     try:
@@ -147,9 +150,7 @@ def _child(
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [sys.argv[0], *argv]
-        from commbench.cli import main
-
-        code = main(list(argv))
+        code = entry(list(argv))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int | None):

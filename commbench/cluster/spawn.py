@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,7 @@ def spawn_local(
     timeout_s: float | None = None,
     grace_s: float = 5.0,
     log_dir: Path | None = None,
+    entry: Callable[[list[str]], int] | None = None,
 ) -> None:
     """Run ``python -m commbench ARGV`` as ``nproc`` local ranks on 127.0.0.1 and supervise them.
 
@@ -193,6 +194,9 @@ def spawn_local(
     With ``log_dir``, the stderr of ranks 1.. goes to ``log_dir/rank<r>.log`` (appended: a resumed run keeps
     its history) and every rank writes its traceback there; rank 0 keeps the console for its progress and
     one-line errors. When a rank dies the failure then reads as one line per rank, not one traceback each.
+
+    ``entry``: the CLI's ``main``; given, ranks are forked into it where that is safe (:mod:`commbench.cluster.forked`),
+    else (or without it) each rank is a fresh ``python -m commbench``.
     """
     check_local_nproc(nproc)
     logs: list[Any] = []
@@ -205,7 +209,7 @@ def spawn_local(
     threads = len(blocks[0]) if blocks else max(1, len(cores) // nproc)
     procs: list[Any] = []  # subprocess.Popen, or forked.ForkedRank with the same poll/wait/terminate/kill
     ours = {"COMMBENCH_LAUNCHER": "local", "COMMBENCH_PARENT_PID": str(os.getpid())}
-    refusal = forked.fork_refusal()
+    refusal = forked.fork_refusal() if entry is not None else "no entry point given to fork into"
     try:
         for rank in range(nproc):
             env = {**os.environ, **local_rank_env(rank, nproc, port, threads), **ours}
@@ -217,10 +221,10 @@ def spawn_local(
                 env[LOG_DIR_ENV] = str(log_dir)
                 if rank > 0:
                     stderr = open(log_dir / f"rank{rank}.log", "ab")
-            if refusal is None:
+            if refusal is None and entry is not None:
                 block = blocks[rank] if blocks else None
                 procs.append(forked.fork_rank(argv, env, stderr=stderr, keep_fds=fds, close=[listener, *logs],
-                                              cores=block, bind=bind))  # fmt: skip
+                                              cores=block, bind=bind, entry=entry))  # fmt: skip
             else:
                 procs.append(
                     subprocess.Popen([sys.executable, "-m", "commbench", *argv], env=env, pass_fds=fds, stderr=stderr)
