@@ -1,8 +1,8 @@
 """Local ranks forked from the supervisor, where that is safe: each rank then starts with torch and commbench already
 imported (copy-on-write pages of the supervisor's), instead of importing them again in a fresh interpreter.
 
-A fresh ``python -m commbench`` costs every rank the import of torch (2-3 CPU-seconds on a small VM: a 4-rank run on
-2 cores spends longer importing than measuring its default suite). A forked rank runs the same entry point
+A fresh ``python -m commbench`` costs every rank the import of torch (figures:
+benchmarks/results/2026-12-03_2core-vm_gloo.md). A forked rank runs the same entry point
 (the CLI's ``main``, handed down by the command that spawns: this layer does not import the CLI, with the rank's
 argv and environment) in the state a fresh interpreter would have:
 the environment replaced, ``sys.argv`` set, signal handlers and ``atexit`` callbacks reset, stdio flushed before
@@ -29,7 +29,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 SPAWN_ENV = "COMMBENCH_SPAWN"
 """How a local spawn starts its ranks: ``fork`` (the default; where :func:`fork_refusal` finds it unsafe, ``exec``)
@@ -107,7 +107,7 @@ def fork_rank(
     bind: Callable[[int, set[int]], bool],
     entry: Callable[[list[str]], int],
 ) -> ForkedRank:
-    """Fork one rank running ``commbench.cli.main(argv)`` under ``env``. ``close``: objects with ``close()`` (the
+    """Fork one rank running ``entry(argv)`` (the CLI's main) under ``env``; the child never returns from here. ``close``: objects with ``close()`` (the
     other ranks' logs, the listener where it is not kept) the rank must not hold; ``keep_fds``: fds it inherits."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # a buffer copied into the child would be written twice
@@ -117,19 +117,6 @@ def fork_rank(
         pid = os.fork()
     if pid:
         return ForkedRank(pid)
-    _child(argv, env, stderr, keep_fds, close, cores, bind, entry)
-
-
-def _child(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    stderr: IO[bytes] | None,
-    keep_fds: Sequence[int],
-    close: Sequence[Any],
-    cores: set[int] | None,
-    bind: Callable[[int, set[int]], bool],
-    entry: Callable[[list[str]], int],
-) -> NoReturn:
     code = 1
     try:
         atexit._clear()  # the supervisor's exit work is not the rank's
