@@ -254,7 +254,8 @@ def supervise_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *argv: str) 
     spawned: dict[str, Any] = {}
 
     def fake_spawn(
-        argv: list[str], nproc: int, timeout_s: Any = None, grace_s: float = 5.0, log_dir: Any = None
+        argv: list[str], nproc: int, timeout_s: Any = None, grace_s: float = 5.0, log_dir: Any = None,
+        entry: Any = None,
     ) -> None:
         spawned.update(argv=argv, nproc=nproc, timeout_s=timeout_s, grace_s=grace_s)
 
