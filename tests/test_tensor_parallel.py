@@ -6,6 +6,7 @@ policy."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -28,7 +29,9 @@ FP32_COMPUTE_EXACT = ("tp_fp32", "tp_sp_fp32", "tp_dp_fp32")
 def _rank(rank: int, n: int, tp_degree: int) -> dict[str, Any]:
     import torch
 
+    from commbench.cluster import compat
     from commbench.core import plugins
+    from commbench.training import runner
     from commbench.training.config import TrainingConfig
     from commbench.training.models import build_model, loss_fn, make_batch
     from commbench.training.policies import get_policy
@@ -43,13 +46,21 @@ def _rank(rank: int, n: int, tp_degree: int) -> dict[str, Any]:
         if reason:
             out[name] = reason
             continue
-        sess = PolicySession(policy, sec, torch.device("cpu"))
-        with sess.counter:
-            sess.instrumented_step(0)
-            calls, counted = dict(sess.counter.calls), sess.counter.snapshot()
-            run = sess.finish()
+        before = compat.group_names()
+        try:
+            sess = PolicySession(policy, sec, torch.device("cpu"))
+            with sess.counter:
+                sess.instrumented_step(0)
+                calls, counted = dict(sess.counter.calls), sess.counter.snapshot()
+                run = sess.finish()
+        except RuntimeError as exc:  # the same on every rank or a hang: the regression test reads it
+            out[name] = f"{type(exc).__name__}: {exc}"
+            break
         out[name] = dict(calls=calls, counted=counted, expected=run.comm_expected, loss=run.steps[0].loss,
                          grad_norm=run.steps[0].grad_norm)  # fmt: skip
+        del sess, run
+        # as the runner does between policies: the policy's meshes (2-D: new groups) are destroyed
+        runner._destroy_groups_since(before)
     # The unsharded model, same seed (same weights), on the batches of every rank together.
     model = build_model(sec)
     xs, ys = zip(*(make_batch(sec, r, 0, torch.device("cpu")) for r in range(n)), strict=True)
@@ -143,10 +154,27 @@ def _expected(name: str, n: int, tp_degree: int) -> dict[str, float]:
     }[name]
 
 
+@functools.cache
+def _world(nproc: int) -> list[dict[str, Any]]:
+    """Every TP policy on `nproc` spawned ranks, one after another, groups destroyed between them (`_rank`); one
+    world per size for every test of this module."""
+    return run_in_world(_rank, nproc=nproc, timeout=380, tp_degree=0)
+
+
+@pytest.mark.timeout(420)
+def test_tp_dp_policy_after_another_tp_dp_policy() -> None:
+    """Regression: the second 2-D policy of a run failed on every rank with "Could not resolve the process group
+    registered under the name 3" (benchmarks/results, issue 35): DTensor's sharding-propagation cache handed its ops
+    the first policy's mesh (equal to its own: the same ranks and names), whose groups the runner had destroyed.
+    `compat.destroy_groups_since` clears that cache."""
+    for r in _world(4):
+        assert isinstance(r["tp_dp_fp32"], dict) and isinstance(r["tp_dp_bf16"], dict), r["tp_dp_bf16"]
+
+
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_tp_bytes_and_loss(nproc: int) -> None:
-    results = run_in_world(_rank, nproc=nproc, timeout=380, tp_degree=0)
+    results = _world(nproc)
     for r in results:
         for name in TP_POLICIES:
             got = r[name]
