@@ -7,6 +7,7 @@ policy."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,16 +20,41 @@ SECTION = dict(
 )  # fmt: skip
 
 TP_POLICIES = (
-    "tp_fp32", "tp_bf16", "tp_bf16comm", "tp_sp_fp32", "tp_sp_bf16", "tp_sp_fp8", "tp_dp_fp32", "tp_dp_bf16",
+    "tp_fp32", "tp_bf16", "tp_bf16comm", "tp_fp16", "tp_fp8comm", "tp_sp_fp32", "tp_sp_bf16", "tp_sp_fp8",
+    "tp_dp_fp32", "tp_dp_bf16",
 )  # fmt: skip
+PROFILED = ("tp_fp16", "tp_fp8comm")
+"""Policies whose step is also profiled (torch.profiler on gloo): the trace's own collective events are the
+reference the counter's calls and sizes must equal."""
 TWO_D = ("tp_dp_fp32", "tp_dp_bf16")
 FP32_COMPUTE_EXACT = ("tp_fp32", "tp_sp_fp32", "tp_dp_fp32")
 
 
-def _rank(rank: int, n: int, tp_degree: int) -> dict[str, Any]:
+def _step(sess: Any, name: str, rank: int, trace_dir: str) -> str | None:
+    """Step 0 of `sess`; profiled for the `PROFILED` policies (the trace's path returned, else None)."""
+    from pathlib import Path
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if name not in PROFILED:
+        sess.instrumented_step(0)
+        return None
+    path = Path(trace_dir) / name / f"rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with torch.profiler.record_function("ProfilerStep#0"):
+            sess.instrumented_step(0)
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+def _rank(rank: int, n: int, tp_degree: int, trace_dir: str) -> dict[str, Any]:
     import torch
 
+    from commbench.cluster import compat
     from commbench.core import plugins
+    from commbench.training import runner
     from commbench.training.config import TrainingConfig
     from commbench.training.models import build_model, loss_fn, make_batch
     from commbench.training.policies import get_policy
@@ -43,13 +69,22 @@ def _rank(rank: int, n: int, tp_degree: int) -> dict[str, Any]:
         if reason:
             out[name] = reason
             continue
-        sess = PolicySession(policy, sec, torch.device("cpu"))
-        with sess.counter:
-            sess.instrumented_step(0)
-            calls, counted = dict(sess.counter.calls), sess.counter.snapshot()
-            run = sess.finish()
-        out[name] = dict(calls=calls, counted=counted, expected=run.comm_expected, loss=run.steps[0].loss,
-                         grad_norm=run.steps[0].grad_norm)  # fmt: skip
+        before = compat.group_names()
+        try:
+            sess = PolicySession(policy, sec, torch.device("cpu"))
+            with sess.counter:
+                trace = _step(sess, name, rank, trace_dir)
+                calls, counted = dict(sess.counter.calls), sess.counter.snapshot()
+                sizes = dict(sess.counter.size_bytes)
+                run = sess.finish()
+        except RuntimeError as exc:  # the same on every rank or a hang: the regression test reads it
+            out[name] = f"{type(exc).__name__}: {exc}"
+            break
+        out[name] = dict(calls=calls, counted=counted, sizes=sizes, trace=trace, expected=run.comm_expected,
+                         loss=run.steps[0].loss, grad_norm=run.steps[0].grad_norm)  # fmt: skip
+        del sess, run
+        # as the runner does between policies: the policy's meshes (2-D: new groups) are destroyed
+        runner._destroy_groups_since(before)
     # The unsharded model, same seed (same weights), on the batches of every rank together.
     model = build_model(sec)
     xs, ys = zip(*(make_batch(sec, r, 0, torch.device("cpu")) for r in range(n)), strict=True)
@@ -63,8 +98,8 @@ def _rank(rank: int, n: int, tp_degree: int) -> dict[str, Any]:
 
 # --- the formulas, from the model's dimensions --------------------------------------------------------------------
 
-F32, B16 = "float", "bfloat16"
-SIZE = {F32: 4, B16: 2}
+F32, B16, F16 = "float", "bfloat16", "half"
+SIZE = {F32: 4, B16: 2, F16: 2}
 
 
 def _add(out: dict[str, float], key: str, v: float) -> None:
@@ -72,7 +107,7 @@ def _add(out: dict[str, float], key: str, v: float) -> None:
 
 
 def _tp(
-    t: int, *, sp: bool, fwd_out: str, col_in: str, stream: str = F32, fp8_gather: bool = False
+    t: int, *, sp: bool, fwd_out: str, col_in: str, stream: str = F32, fp8_gather: bool = False, row_out: bool = True
 ) -> dict[str, float]:
     """Bus bytes per step of one TP group of t ranks. Every parallelised activation here is b*s*h elements (qkv and fc
     take h features in, proj and out give h out); b = the group's micro-batch (its ranks' batches together).
@@ -87,7 +122,8 @@ def _tp(
     elems = SECTION["batch_size"] * t * SECTION["seq_len"] * h
     out: dict[str, float] = {}
     if not sp:
-        _add(out, f"all_reduce:{fwd_out}", 2 * layers * 2 * (t - 1) / t * elems * SIZE[fwd_out])
+        if row_out:  # (else: the caller counts the row-wise outputs' reduction)
+            _add(out, f"all_reduce:{fwd_out}", 2 * layers * 2 * (t - 1) / t * elems * SIZE[fwd_out])
         _add(out, f"all_reduce:{col_in}", 2 * layers * 2 * (t - 1) / t * elems * SIZE[col_in])
         return out
     half = (t - 1) / t
@@ -101,6 +137,27 @@ def _tp(
     _add(out, f"all_gather:{stream}", 2 * half * elems * SIZE[stream])
     _add(out, "all_reduce:float", 4 * layers * 2 * (t - 1) / t * h * 4)
     return out
+
+
+def _fp8_all_reduces(t: int) -> dict[str, float]:
+    """The row-wise outputs' forward all-reduces (2 per layer, b*s*h elements each) as the fp8_hook reduces: each rank
+    cuts the payload into t chunks of m = ceil(b*s*h / t) elements, each one e4m3 byte per element plus one fp32
+    scale (per-tensor scaling of the chunk); all_to_all of the t chunks' codes and, apart, their scales (per-rank
+    buffer t*m bytes and t*4 bytes, bus (t-1)/t), fp32 sum of the owned chunk, re-encoded, all_gather of it (total
+    output t*m and t*4 bytes, bus (t-1)/t)."""
+    h, layers = SECTION["d_model"], SECTION["n_layers"]
+    m = math.ceil(SECTION["batch_size"] * t * SECTION["seq_len"] * h / t)
+    calls, half = 2 * layers, (t - 1) / t
+    out: dict[str, float] = {}
+    for op in ("all_to_all", "all_gather"):
+        out[f"{op}:uint8"] = calls * half * t * m
+        out[f"{op}:{F32}"] = calls * half * t * 4
+    return out
+
+
+def _scaler(t: int) -> dict[str, float]:
+    """The loss scaler's found-inf flag, one fp32 element all-reduced over the world per step."""
+    return {f"all_reduce:{F32}": 2 * (t - 1) / t * 4}
 
 
 def _fsdp2(t: int, d: int, dtype: str = F32) -> dict[str, float]:
@@ -137,16 +194,44 @@ def _expected(name: str, n: int, tp_degree: int) -> dict[str, float]:
         "tp_fp32": _tp(n, sp=False, fwd_out=F32, col_in=F32),
         "tp_bf16": _tp(n, sp=False, fwd_out=B16, col_in=F32),  # CPU autocast: LayerNorm returns fp32
         "tp_bf16comm": _tp(n, sp=False, fwd_out=B16, col_in=B16),
+        "tp_fp16": _merge(_tp(n, sp=False, fwd_out=F16, col_in=F32), _scaler(n)),  # LayerNorm returns fp32
+        # the input gradients' all-reduces in bf16, the row-wise outputs through the fp8 codec
+        "tp_fp8comm": _merge(_tp(n, sp=False, fwd_out=B16, col_in=B16, row_out=False), _fp8_all_reduces(n)),
         "tp_sp_fp32": _tp(n, sp=True, fwd_out=F32, col_in=F32),
         "tp_sp_bf16": _tp(n, sp=True, fwd_out=B16, col_in=F32),
         "tp_sp_fp8": _tp(n, sp=True, fwd_out=B16, col_in=B16, stream=B16, fp8_gather=True),
     }[name]
 
 
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], list[dict[str, Any]]]:
+    """`world(nproc)`: every TP policy on `nproc` spawned ranks, one after another, groups destroyed between them
+    (`_rank`); one world per size for every test of this module, its traces in a folder of its own."""
+    cache: dict[int, list[dict[str, Any]]] = {}
+
+    def get(nproc: int) -> list[dict[str, Any]]:
+        if nproc not in cache:
+            out = str(tmp_path_factory.mktemp(f"tp{nproc}"))
+            cache[nproc] = run_in_world(_rank, nproc=nproc, timeout=380, tp_degree=0, trace_dir=out)
+        return cache[nproc]
+
+    return get
+
+
+@pytest.mark.timeout(420)
+def test_tp_dp_policy_after_another_tp_dp_policy(world: Callable[[int], list[dict[str, Any]]]) -> None:
+    """Regression: the second 2-D policy of a run failed on every rank with "Could not resolve the process group
+    registered under the name 3" (benchmarks/results, issue 35): DTensor's sharding-propagation cache handed its ops
+    the first policy's mesh (equal to its own: the same ranks and names), whose groups the runner had destroyed.
+    `compat.destroy_groups_since` clears that cache."""
+    for r in world(4):
+        assert isinstance(r["tp_dp_fp32"], dict) and isinstance(r["tp_dp_bf16"], dict), r["tp_dp_bf16"]
+
+
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_tp_bytes_and_loss(nproc: int) -> None:
-    results = run_in_world(_rank, nproc=nproc, timeout=380, tp_degree=0)
+def test_tp_bytes_and_loss(nproc: int, world: Callable[[int], list[dict[str, Any]]]) -> None:
+    results = world(nproc)
     for r in results:
         for name in TP_POLICIES:
             got = r[name]
@@ -163,6 +248,35 @@ def test_tp_bytes_and_loss(nproc: int) -> None:
         layers = SECTION["n_layers"]
         assert r["tp_fp32"]["calls"] == {"all_reduce:float": 4 * layers}
         assert r["tp_bf16comm"]["calls"] == {"all_reduce:bfloat16": 4 * layers}
+
+
+NCCL_NAMES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half", "uint8": "uint8"}
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("name", PROFILED)
+def test_profiler_events_equal_the_counter(name: str, world: Callable[[int], list[dict[str, Any]]]) -> None:
+    """torch.profiler's own collective events of the step (gloo's `record_param_comms`) against the counter: the same
+    calls and nccl-tests sizes per op and dtype. With the formula test above, the formula is the profiler's too."""
+    from collections import defaultdict
+    from pathlib import Path
+
+    from commbench.store.traces import read_trace, step_calls
+
+    for rank, r in enumerate(world(2)):
+        got = r[name]
+        trace = read_trace(Path(got["trace"]))
+        calls: dict[str, int] = defaultdict(int)
+        sizes: dict[str, int] = defaultdict(int)
+        for c in step_calls(trace, 0):
+            key = f"{c.collective}:{NCCL_NAMES.get(c.dtype, c.dtype)}"
+            calls[key] += 1
+            sizes[key] += c.size_bytes
+        assert dict(calls) == got["calls"], (rank, name)
+        assert dict(sizes) == got["sizes"], (rank, name)
+        assert trace.world_size == 2 and trace.backend == "gloo" and all(c.group == (0, 1) for c in trace.calls)
+    if name == "tp_fp8comm":  # the codec's codes and scales are on the wire, nothing of the row-wise outputs in fp32
+        assert {"all_to_all:uint8", "all_to_all:float", "all_gather:uint8"} <= set(got["calls"])
 
 
 def test_tp_layout_errors() -> None:

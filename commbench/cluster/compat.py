@@ -11,7 +11,8 @@ fast subset on another one). What differs, and where it is looked up here, when 
   later than ``ScheduleGPipe`` / ``Schedule1F1B``): asked by name, ``None`` where this torch lacks one;
 - the process-group table, the default store and its timeout, and aborting every group (private in every release:
   ``distributed_c10d._world``, ``_get_default_store``, ``_abort_process_group``), which the failure side channel
-  (:mod:`commbench.cluster.failures`) and the per-policy group teardown of training need.
+  (:mod:`commbench.cluster.failures`) and the per-policy group teardown of training need;
+- DTensor's sharding-propagation caches, which outlive the groups their meshes name (``clear_dtensor_caches``).
 
 torch is imported inside the functions: importing this module costs nothing.
 """
@@ -88,9 +89,34 @@ def destroy_groups_since(before: set[str]) -> int:
         return 0
     default = dist.group.WORLD
     new = [g for g, name in _named_groups().items() if name not in before and g is not default]
+    clear_dtensor_caches()
     for g in new:
         dist.destroy_process_group(g)
     return len(new)
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's sharding-propagation caches (the Python ``lru_cache`` and the C++ fast path's).
+
+    They map an op's input specs to its output specs, and a spec holds its ``DeviceMesh``, which compares and hashes
+    by ranks, layout, device type and dim names, not by its process groups: a later mesh over the same ranks (the
+    next policy's, after this one's groups are destroyed) hits the entry and its DTensors come out on the earlier
+    mesh, whose groups no longer resolve ("Could not resolve the process group registered under the name 3"), or,
+    after a fresh default group restarted the numbering, resolve to other groups. Megatron-LM clears it where its
+    groups are destroyed (NVIDIA/Megatron-LM#7029). Called unconditionally: after a fresh default group nothing may
+    be left to destroy, and the names the cache holds may be reused."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without DTensor has no such cache
+        return
+    python_cache = getattr(DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding, "cache_clear", None)
+    if python_cache is not None:
+        python_cache()
+    import torch
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # the C++ fast path, where this torch has one
+    if native is not None:
+        native()
 
 
 def default_store() -> Any:

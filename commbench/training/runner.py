@@ -20,7 +20,9 @@ and every rank meets, starts a fresh default group and raises `PolicyFailed` nam
 its error. Rank 0 records a row whose `error` says so, every rank drops the policy's model, and the next policy runs.
 
 Every process group a policy made (HSDP's and TP x DP's meshes, a pipeline's groups) is destroyed when the policy
-ends, so NCCL communicator memory, which the caching allocator does not see, does not grow from policy to policy.
+ends, so NCCL communicator memory, which the caching allocator does not see, does not grow from policy to policy;
+DTensor's sharding-propagation cache goes with them (`compat.clear_dtensor_caches`: it would hand the next policy's
+ops the destroyed meshes).
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 `Sharding` and its policies: plain, sequence parallel (SP), with commbench-chosen communication precision (a cast
 or an fp8 codec, `tp_styles.py`), and 2-D TP x DP (FSDP2 over the data-parallel dimension of the mesh).
 
+Policies: tp_fp32; tp_bf16 (autocast bf16); tp_bf16comm (fp32 compute, TP collectives cast to bf16); tp_sp_fp32,
+tp_sp_bf16 (SP); tp_sp_fp8 (SP, the norm outputs all-gathered as fp8 e4m3 codes + scales, the rest bf16);
+tp_dp_fp32, tp_dp_bf16 (2-D); tp_fp16 (autocast fp16 + a ShardedGradScaler on the shards, `tp_scaling.py`);
+tp_fp8comm (fp32 compute, the row-wise outputs' all-reduces through the fp8 e4m3 codec, the rest bf16).
+
 Per block, over the TP dimension of a `DeviceMesh`: `attn.qkv` and `fc` column-wise, `attn.proj` and `out` row-wise;
 with SP also the two LayerNorms (`SequenceParallel`): between the column/row pairs the residual stream is split
 over the ranks along the sequence. Embeddings, the final LayerNorm and the head stay plain replicated tensors. The
@@ -22,7 +27,10 @@ samples of s tokens, hidden size h:
   (`tp_styles.reduce_norm_grads`, Megatron's layernorm all-reduce), 4h fp32 elements per layer;
 - a wire cast (`comm_cast_name`) moves every activation collective in that dtype; a gather codec moves the
   column-wise inputs' forward all-gathers as the codec's wire bytes (uint8 codes + scales of each rank's b*s*h/tp
-  slice, `Codec.wire_bytes`);
+  slice, `Codec.wire_bytes`); a reduce codec (no SP) moves the row-wise outputs' forward all-reduces as the
+  fp8_hook does (`hooks.codec_hook_bytes`: all_to_all of tp chunks of ceil(b*s*h/tp) elements as codes and,
+  apart, fp32 scales, fp32 sum, re-encode, all_gather of the same);
+- a loss scaler (`tp_fp16`) adds its found-inf all-reduce, one fp32 element per step (`tp_scaling.py`);
 - 2-D (`dp` set): the TP part on each TP group (tokens: the group's micro-batch), plus FSDP2's all-gathers and
   reduce-scatters on each data-parallel group over the TP-local parameters (Psi/tp per rank: `describe` gives the
   units with TP-local shapes), split by link class with the groups' own node layout.
@@ -51,6 +59,7 @@ from commbench.training.strategies import (
     ADAM_FP32,
     BF16,
     DTYPE_UNDERFLOW,
+    FP16,
     FP32,
     FSDP2,
     INTER,
@@ -66,6 +75,7 @@ from commbench.training.strategies import (
     blocks,
     merge_bytes,
 )
+from commbench.training.tp_scaling import TPGradScaling
 
 if TYPE_CHECKING:
     import torch
@@ -166,12 +176,21 @@ class TensorParallel(Sharding):
     """Cast every TP activation collective to this dtype (fp32 compute, low-precision communication)."""
     gather_codec: str | None = None
     """SP only: the column-wise inputs' forward all-gathers through this codec (`commbench.measure.codec`)."""
+    reduce_codec: str | None = None
+    """Without SP only: the row-wise outputs' forward all-reduces through this codec, as the fp8_hook reduces DDP's
+    buckets (`tp_styles.Wire.reduce_forward`)."""
     dp: FSDP2 | None = None
     """2-D TP x DP: FSDP2 (its mixed-precision dtypes) over the data-parallel dimension of a (dp, tp) mesh."""
     seq_len: int = 0
     """Tokens per sample, for the layout check (set by `configure`; 0: not checked)."""
     n_heads: int = 0
     """Attention heads, for the layout check (set by `configure`; 0: checked when wrapping)."""
+
+    def __post_init__(self) -> None:
+        if self.reduce_codec and self.sequence_parallel:
+            raise ValueError("TensorParallel: reduce_codec replaces the row-wise all-reduce, which SP does not run")
+        if self.gather_codec and not self.sequence_parallel:
+            raise ValueError("TensorParallel: gather_codec replaces SP's all-gather; set sequence_parallel")
 
     def configure(self, section: Any) -> TensorParallel:
         return replace(self, tp=int(section.tp_degree), seq_len=int(section.seq_len), n_heads=int(section.n_heads))
@@ -277,7 +296,7 @@ class TensorParallel(Sharding):
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         sp = self.sequence_parallel
-        if self.comm_cast_name is None and self.gather_codec is None:  # torch's own styles
+        if self.comm_cast_name is None and self.gather_codec is None and self.reduce_codec is None:  # torch's own
             col = ColwiseParallel(input_layouts=Shard(1)) if sp else ColwiseParallel()
             row = RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel()
         else:
@@ -286,7 +305,7 @@ class TensorParallel(Sharding):
 
             dt = torch_dtype(self.comm_cast_name) if self.comm_cast_name else None
             col = WiredColwise(sequence_parallel=sp, dtype=dt, codec=self.gather_codec)
-            row = WiredRowwise(sequence_parallel=sp, dtype=dt)
+            row = WiredRowwise(sequence_parallel=sp, dtype=dt, codec=self.reduce_codec)
         return {COLWISE: col, ROWWISE: row}
 
     def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
@@ -359,6 +378,11 @@ class TensorParallel(Sharding):
                 add("all_reduce", FP32, ar, features)
             elif style in (SEQ_SPLIT, SEQ_GATHER):
                 add("all_gather", stream, ag, elems)
+            elif not self.sequence_parallel and style == ROWWISE and self.reduce_codec:
+                from commbench.training.hooks import codec_hook_bytes  # the fp8_hook's chunked all-reduce
+
+                for key, v in codec_hook_bytes(self.reduce_codec, [int(elems)], tp).items():
+                    out[key] = out.get(key, 0.0) + v
             elif not self.sequence_parallel:
                 add("all_reduce", row if style == ROWWISE else col, ar, elems)
             elif style == ROWWISE:
@@ -394,7 +418,8 @@ class TensorParallel(Sharding):
 
     def comm_dtype(self, grad_comm: GradComm) -> str:
         label = SHORT[self.comm_cast_name or self.act_dtype_name]
-        return f"{self.gather_codec}+{label}" if self.gather_codec else label
+        codec = self.gather_codec or self.reduce_codec
+        return f"{codec}+{label}" if codec else label
 
     def grad_dtype_names(self) -> tuple[str, ...]:
         return (self.dp.param_dtype_name,) if self.dp is not None else ()
@@ -479,6 +504,25 @@ _POLICIES = (
             grad_dtype_name=BF16,
         ),
         reference="tp_dp_fp32",
+    ),
+    Policy(
+        name="tp_fp16",
+        family="tp",
+        description=f"{_TP}, autocast fp16 + a ShardedGradScaler on the shards (found-inf all-reduced: the "
+        "ranks' shards differ): "
+        "forward activations all-reduced in fp16",
+        sharding=TensorParallel(act_dtype_name=FP16, grad_dtype_name=FP32),
+        autocast_name=FP16,
+        loss_scaling=TPGradScaling(),
+        reference="tp_fp32",
+    ),
+    Policy(
+        name="tp_fp8comm",
+        family="tp",
+        description=f"{_TP}, fp32 compute; row-wise outputs all-reduced as fp8 e4m3 codes + scales (the fp8_hook's "
+        "all_to_all, fp32 sum, re-encode, all_gather), the input gradients' all-reduces in bf16",
+        sharding=TensorParallel(comm_cast_name=BF16, reduce_codec="fp8_e4m3"),
+        reference="tp_fp32",
     ),
 )
 for _p in _POLICIES:

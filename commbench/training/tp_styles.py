@@ -16,7 +16,9 @@ autograd Functions that issue the collectives through `torch.distributed._functi
 
 Each is a `Wire`: the collective runs on the payload cast to `dtype` (then cast back, so compute stays in its own
 dtype), or as is; a `codec` replaces the forward all-gather by encode, all-gather of the packed wire bytes (codes +
-scales, `chunked.ChunkWire`), decode in fp32.
+scales, `chunked.ChunkWire`), decode in fp32; a `reduce_codec` replaces the row-wise forward all-reduce by the fp8
+hook's chunked all-reduce (`chunked.ChunkedAllReduce`: all_to_all of codes + scales, fp32 sum, re-encode,
+all_gather), issued as `dist.<op>` calls, where `comm.CommCounter` counts them too.
 
 Imported only when a policy wraps a model (it imports torch).
 """
@@ -37,7 +39,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from commbench.cluster import compat
-from commbench.measure.chunked import ChunkWire
+from commbench.measure.chunked import ChunkedAllReduce, ChunkWire
 from commbench.measure.codec import Codec, get_codec
 
 SEQ = 1
@@ -53,10 +55,15 @@ class Wire:
     """Cast the payload to this dtype for the collective (None: as computed)."""
     codec: Codec | None = None
     """Forward all-gathers through this codec (the backward's reduce-scatter still uses `dtype`)."""
+    reduce_codec: Codec | None = None
+    """Forward all-reduces (the row-wise outputs without SP) through this codec (`reduce_forward`)."""
 
     @classmethod
-    def on(cls, mesh: DeviceMesh, dtype: torch.dtype | None = None, codec: str | None = None) -> Wire:
-        return cls(mesh.get_group(), dtype, get_codec(codec) if codec else None)
+    def on(
+        cls, mesh: DeviceMesh, dtype: torch.dtype | None = None, codec: str | None = None, reduce_codec: str | None = None
+    ) -> Wire:
+        return cls(mesh.get_group(), dtype, get_codec(codec) if codec else None,
+                   get_codec(reduce_codec) if reduce_codec else None)  # fmt: skip
 
     @property
     def size(self) -> int:
@@ -79,6 +86,21 @@ class Wire:
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         return self._cast(x, lambda t: compat.all_gather_single(t, SEQ, self.group))
+
+    def reduce_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward all-reduce of partial sums: through the reduce codec when there is one, as the fp8_hook
+        reduces DDP's buckets (`chunked.ChunkedAllReduce`: all_to_all of each rank's chunks as codes + scales, fp32
+        sum of the owned chunk, re-encode, all_gather; ZeRO++'s qgZ, one quantization per stage), else `all_reduce`."""
+        if self.reduce_codec is None:
+            return self.all_reduce(x)
+        op = ChunkedAllReduce(
+            self.reduce_codec, x.numel(), self.group, x.device, packed=False, gather_by_all_to_all=False
+        )
+        op.load(x.detach().reshape(-1).float())
+        op.encode()
+        op.comm()
+        op.decode()
+        return op.result().view(x.shape).to(x.dtype)  # op's own buffer: not reused after this call
 
     def gather_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The forward all-gather along the sequence: through the codec when there is one."""
@@ -131,7 +153,7 @@ class _ReduceOut(torch.autograd.Function):
     def forward(ctx: Any, y: DTensor, wire: Wire) -> torch.Tensor:
         ctx.mesh = y.device_mesh
         local, partial_sums = _partial_local(y)
-        return wire.all_reduce(local) if partial_sums else local
+        return wire.reduce_forward(local) if partial_sums else local
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, None]:
@@ -230,12 +252,14 @@ class WiredColwise(ColwiseParallel):
 
 
 class WiredRowwise(RowwiseParallel):
-    """`RowwiseParallel` whose output collective is commbench's: the forward all-reduce (no SP) or reduce-scatter
-    + backward all-gather (SP), cast to `dtype`."""
+    """`RowwiseParallel` whose output collective is commbench's: the forward all-reduce (no SP: cast to `dtype`, or
+    through `codec`) or reduce-scatter + backward all-gather (SP), cast to `dtype`."""
 
-    def __init__(self, *, sequence_parallel: bool, dtype: torch.dtype | None = None):
+    def __init__(self, *, sequence_parallel: bool, dtype: torch.dtype | None = None, codec: str | None = None):
         super().__init__()
-        self.sequence_parallel, self.dtype = sequence_parallel, dtype
+        if codec and sequence_parallel:
+            raise ValueError("a reduce codec replaces the row-wise all-reduce, which sequence parallelism does not run")
+        self.sequence_parallel, self.dtype, self.codec = sequence_parallel, dtype, codec
 
     def _prepare_out(self, wire: Wire, mod: nn.Module, outputs: DTensor, mesh: DeviceMesh) -> torch.Tensor:
         fn = _ReduceScatterOut if self.sequence_parallel else _ReduceOut
@@ -245,7 +269,7 @@ class WiredRowwise(RowwiseParallel):
         if not isinstance(module, nn.Linear):
             raise NotImplementedError("WiredRowwise supports nn.Linear only")
         self.desired_input_layouts = (Shard(-1),)
-        wire = Wire.on(device_mesh, self.dtype)
+        wire = Wire.on(device_mesh, self.dtype, reduce_codec=self.codec)
         return distribute_module(
             module,
             device_mesh,
