@@ -12,7 +12,14 @@ Two emulated hosts (`commbench.cluster.emulate`: network namespaces on a bridge,
 * **intra** (``pp_degree = 2``, ``tp_degree = 2``): each pipeline's, each TP group's ranks share a host (ranks are
   numbered node by node), so the bytes bf16 saves (sends, TP all-reduces) stay on the unshaped loopback while what
   crosses (the data-parallel gradient reduction of fp32 gradients) is the same for both: "not significant" is the
-  expected verdict, or a slower one where CPU autocast's emulated bf16 compute costs more.
+  expected verdict, or a slower one where CPU autocast's emulated bf16 compute costs more (TP x DP's bf16 params).
+
+* **pp** (``pp_degree = 4``; not in the default ``--runs``): the crossing layout's pipeline alone, bf16 and fp8 on
+  the wire, cheap enough per step for the many rounds a gain near 1.1x needs (``--runs pp --steps 40``).
+
+The PP entries use bf16 on the wire only (``pp_gpipe_bf16comm``: fp32 compute, stage outputs and their gradients
+cast to bf16 for the sends), the counterpart of ``tp_bf16comm``: ``pp_gpipe_bf16`` computes under CPU autocast bf16,
+which this CPU emulates, so its step time measures emulated bf16 math, not communication.
 
 Each compared policy alternates rounds of ``--round-steps`` steps with its reference in the same processes
 (`training/pairing.py`); the speed-up is the median of per-round ratios with its order-statistic 95 % interval.
@@ -65,8 +72,9 @@ measure_memory = false
 """
 
 RUNS: dict[str, tuple[list[str], int, int]] = {
-    "crossing": (["fp32", "bf16_hook", "tp_fp32", "tp_bf16comm", "pp_gpipe_fp32", "pp_gpipe_bf16"], 0, 4),
-    "intra": (["fp32", "tp_dp_fp32", "tp_dp_bf16", "pp_gpipe_fp32", "pp_gpipe_bf16"], 2, 2),
+    "crossing": (["fp32", "bf16_hook", "tp_fp32", "tp_bf16comm", "pp_gpipe_fp32", "pp_gpipe_bf16comm"], 0, 4),
+    "intra": (["fp32", "tp_dp_fp32", "tp_dp_bf16", "pp_gpipe_fp32", "pp_gpipe_bf16comm"], 2, 2),
+    "pp": (["pp_gpipe_fp32", "pp_gpipe_bf16comm", "pp_1f1b_fp32", "pp_1f1b_fp8comm"], 0, 4),
 }
 """name: (policies, tp_degree, pp_degree)."""
 

@@ -19,11 +19,18 @@ SECTION = dict(
     steps=1, warmup_steps=1, measure_memory=False, comm_timed_steps=0, microbatches=4,
 )  # fmt: skip
 POLICIES = ("pp_gpipe_fp32", "pp_gpipe_bf16", "pp_1f1b_fp32", "pp_1f1b_bf16")
+WIRE = ("pp_gpipe_bf16comm", "pp_1f1b_bf16comm", "pp_1f1b_fp16", "pp_1f1b_fp8comm")
+"""Low precision on the wire: bf16 with fp32 compute, fp16 with its scaler, fp8 e4m3 codes + a scale per token."""
 MULTI = ("pp_interleaved_fp32", "pp_interleaved_bf16", "pp_izb_fp32", "pp_zbv_fp32")
 """Several stages per rank: 4 stages of one block each on 2 ranks."""
 BYTES = {"pp_gpipe_fp32": ("float", 4), "pp_1f1b_fp32": ("float", 4), "pp_interleaved_fp32": ("float", 4),
          "pp_izb_fp32": ("float", 4), "pp_zbv_fp32": ("float", 4), "pp_interleaved_bf16": ("bfloat16", 2),
-         "pp_gpipe_bf16": ("bfloat16", 2), "pp_1f1b_bf16": ("bfloat16", 2)}  # fmt: skip
+         "pp_gpipe_bf16": ("bfloat16", 2), "pp_1f1b_bf16": ("bfloat16", 2), "pp_gpipe_bf16comm": ("bfloat16", 2),
+         "pp_1f1b_bf16comm": ("bfloat16", 2), "pp_1f1b_fp16": ("half", 2), "pp_1f1b_fp8comm": ("uint8", 1)}  # fmt: skip
+TOKEN_SCALES = {"pp_1f1b_fp8comm": 4}
+"""Bytes per token beyond its h elements: fp8 e4m3 carries one float32 scale per token (row-wise scaling)."""
+SCALED = {"pp_1f1b_fp16"}
+"""ShardedGradScaler: one found-inf all-reduce of one float over the world per step."""
 SENDS_ON_2 = {"pp_interleaved_fp32": (3, 3), "pp_interleaved_bf16": (3, 3), "pp_izb_fp32": (3, 3), "pp_zbv_fp32": (2, 2)}
 """Sends per micro-batch of ranks 0 and 1, worked by hand for 4 stages on 2 ranks. Looped (stage s on rank s mod 2):
 boundaries 0>1, 1>2, 2>3 all cross; rank 0 sends forward at 0>1 and 2>3 and backward at 1<2: 3; rank 1 forward at
@@ -50,7 +57,42 @@ def _key(pp_degree: int, name: str, split: tuple[int, ...]) -> str:
     return f"{pp_degree}/{name}" + (f"/{list(split)}" if split else "")
 
 
-def _rank(rank: int, n: int, layouts: tuple[Layout, ...]) -> dict[str, Any]:
+PROFILED = ("pp_1f1b_fp8comm", "pp_1f1b_fp16")
+"""Profiled with torch.profiler in the 2-rank world: gloo's own events say what each send carried."""
+PROFILED_STEP = 2
+"""ProfilerStep#2 (step 0 the profiler's wait, step 1 its warm-up; the first schedule step exchanges shapes)."""
+
+
+def _profiled(rank: int, out: str) -> dict[str, Any]:
+    """Per PROFILED policy: the trace of one step and what the policy's counter counted in that step."""
+    from pathlib import Path
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from commbench.training.config import TrainingConfig
+    from commbench.training.policies import get_policy
+    from commbench.training.runner import PolicySession
+
+    sec = TrainingConfig.coerce(SECTION)
+    got: dict[str, Any] = {}
+    for name in PROFILED:
+        sess = PolicySession(get_policy(name).configure(sec), sec, torch.device("cpu"))
+        path = Path(out) / name / f"rank{rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with sess.counter, profile(
+            activities=[ProfilerActivity.CPU], record_shapes=True, schedule=schedule(wait=1, warmup=1, active=1),
+            on_trace_ready=lambda p, path=path: p.export_chrome_trace(str(path)),
+        ) as prof:  # fmt: skip
+            for s in range(PROFILED_STEP + 1):
+                sess.instrumented_step(s, numerics=False)
+                if s == PROFILED_STEP:
+                    got[name] = dict(trace=str(path), calls=dict(sess.counter.calls), size=dict(sess.counter.size_bytes))
+                prof.step()
+    return got
+
+
+def _rank(rank: int, n: int, layouts: tuple[Layout, ...], out: str | None = None) -> dict[str, Any]:
     import torch
 
     from commbench.core import plugins
@@ -60,7 +102,7 @@ def _rank(rank: int, n: int, layouts: tuple[Layout, ...]) -> dict[str, Any]:
     from commbench.training.runner import PolicySession
 
     plugins.load()
-    out: dict[str, Any] = {"p2p": _p2p_counts(rank, n)}
+    res: dict[str, Any] = {"p2p": _p2p_counts(rank, n), "profiled": _profiled(rank, out) if out else {}}
     for pp_degree, names, split in layouts:
         sec = TrainingConfig.coerce({**SECTION, "pp_degree": pp_degree, "stage_layers": list(split) or None})
         for name in names:
@@ -72,10 +114,11 @@ def _rank(rank: int, n: int, layouts: tuple[Layout, ...]) -> dict[str, Any]:
                 sess.timed_comm_step(2)  # its sends replayed one by one, timed; DDP's all-reduce timed in place
                 timed = sess.counter.timed_calls()
                 run = sess.finish()
-            out[_key(pp_degree, name, split)] = dict(
+            res[_key(pp_degree, name, split)] = dict(
                 calls=calls, counted=counted, expected=run.comm_expected, mean=run.steps[1].comm,
                 loss=run.steps[0].loss, grad_norm=run.steps[0].grad_norm, parallelism=sess.policy.sharding.parallelism,
                 timed=timed, comm_time=run.comm_time_us.value if run.comm_time_us else None, profile=run.profile,
+                skipped=[st.skipped for st in run.steps],
             )  # fmt: skip
     # The unsplit model, same seed (same weights), on the batches of every rank together.
     sec = TrainingConfig.coerce(SECTION)
@@ -83,17 +126,17 @@ def _rank(rank: int, n: int, layouts: tuple[Layout, ...]) -> dict[str, Any]:
     xs, ys = zip(*(make_batch(sec, r, 0, torch.device("cpu")) for r in range(n)), strict=True)
     loss = loss_fn(model(torch.cat(xs)), torch.cat(ys))
     loss.backward()
-    out["ref_loss"] = float(loss)
-    out["ref_grad_norm"] = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
-    out["stage_params"] = {pp: [_stage_params(model, p, pp) for p in range(pp)] for pp in (2, 4) if pp <= n}
+    res["ref_loss"] = float(loss)
+    res["ref_grad_norm"] = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
+    res["stage_params"] = {pp: [_stage_params(model, p, pp) for p in range(pp)] for pp in (2, 4) if pp <= n}
     # layouts this world cannot form: every rank skips the policy with one line (run_training asks layout_error)
     # (what no world can run is refused when the suite loads: tests/test_training.py)
-    out["skips"] = []
+    res["skips"] = []
     for bad in ({"pp_degree": 3, "n_layers": 6, "microbatches": 3}, {"n_layers": 3 if n == 4 else 1, "pp_degree": 0}):
         reason = get_policy("pp_gpipe_fp32").configure(TrainingConfig.coerce({**SECTION, **bad})).sharding.layout_error(n)
         if reason:
-            out["skips"].append(reason)
-    return out
+            res["skips"].append(reason)
+    return res
 
 
 def _p2p_counts(rank: int, n: int) -> dict[str, Any]:
@@ -130,10 +173,13 @@ def _expected(rank: int, n: int, pp: int, name: str, stage_params: list[int]) ->
     micro_tokens = SECTION["batch_size"] * pp // m * SECTION["seq_len"]  # the pipeline's batch: pp ranks' batches
     p = rank % pp
     borders = SENDS_ON_2[name][p] if name in SENDS_ON_2 else (p > 0) + (p < pp - 1)
-    out = {f"send:{dtype}": float(borders * m * micro_tokens * SECTION["d_model"] * size)}
+    per_token = SECTION["d_model"] * size + TOKEN_SCALES.get(name, 0)
+    out = {f"send:{dtype}": float(borders * m * micro_tokens * per_token)}
     dp = n // pp
     if dp > 1:
         out["all_reduce:float"] = 2 * (dp - 1) / dp * 4 * stage_params[p]
+    if name in SCALED:
+        out["all_reduce:float"] = out.get("all_reduce:float", 0.0) + 2 * (n - 1) / n * 4
     return out
 
 
@@ -144,16 +190,23 @@ def _check_timed(results: list[dict[str, Any]], r: int, key: str, pp: int, n: in
     got = results[r][key]
     own = [secs for secs, group in got["timed"] if tuple(group) == (r,)]
     assert len(own) == sends * SECTION["microbatches"] and all(s > 0 for s in own), key
-    dp = n // pp
-    ar = [secs for secs, group in got["timed"] if len(group) > 1]
-    assert all(tuple(group) == tuple(range(r % pp, n, pp)) for _, group in got["timed"] if len(group) > 1)
+    dp, world = n // pp, tuple(range(n))
+    scaler = key.split("/")[1] in SCALED
+    groups = [tuple(group) for _, group in got["timed"] if len(group) > 1]
+    assert groups.count(world) == scaler, key  # the scaler's found-inf (no stage's data-parallel group is the world)
+    ar = [g for g in groups if not (scaler and g == world)]
+    assert all(g == tuple(range(r % pp, n, pp)) for g in ar)
     assert (len(ar) > 0) == (dp > 1), key  # PP x DP: the stage's all-reduce is in the comm time too
 
     def rank_sum(q: int) -> float:
-        mine = results[q][key]["timed"]
-        p2p = sum(secs for secs, group in mine if tuple(group) == (q,))
-        peers = [[secs for secs, g in results[o][key]["timed"] if len(g) > 1] for o in range(q % pp, n, pp)]
-        return p2p + sum(min(col) for col in zip(*peers, strict=True))
+        """q's sends plus, for its k-th call over a group, the smallest k-th duration of that group's ranks."""
+        mine = [(secs, tuple(g)) for secs, g in results[q][key]["timed"]]
+        total, seen = sum(secs for secs, g in mine if g == (q,)), dict[tuple[int, ...], int]()
+        for _, g in mine:
+            if len(g) > 1:
+                k = seen[g] = seen.get(g, -1) + 1
+                total += min([s for s, h in results[o][key]["timed"] if tuple(h) == g][k] for o in g)
+        return total
 
     assert got["comm_time"] == pytest.approx(sum(rank_sum(q) for q in range(n)) / n * 1e6, rel=1e-9), key
     prof = got["profile"]
@@ -190,11 +243,16 @@ def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[Layout, .
                 assert got["expected"] == pytest.approx(mean, rel=1e-15, abs=0)  # the strategy's formula
                 assert got["parallelism"] == ("pp+dp" if pp < n else "pp")
                 # PP x DP: one flat all-reduce per step, nothing else (no DDP bitmap of unused parameters)
-                assert got["calls"].get("all_reduce:float", 0) == (1 if pp < n else 0), key
+                assert got["calls"].get("all_reduce:float", 0) == (pp < n) + (name in SCALED), key
                 # the pipeline computes the unsplit model's loss and gradients on the same global batch
                 tol = 1e-5 if name.endswith("fp32") else 2e-2
                 assert got["loss"] == pytest.approx(res["ref_loss"], rel=tol), key
-                assert got["grad_norm"] == pytest.approx(res["ref_grad_norm"], rel=1e-4 if tol < 1e-3 else 5e-2), key
+                if name in SCALED:  # every stage skips a step together (the scaler's found-inf all-reduce)
+                    assert got["skipped"] == results[0][key]["skipped"], key
+                if name in SCALED and got["skipped"][0]:  # fp16 overflowed at the initial scale 2**16: no update
+                    assert not math.isfinite(got["grad_norm"]), key
+                else:
+                    assert got["grad_norm"] == pytest.approx(res["ref_grad_norm"], rel=1e-4 if tol < 1e-3 else 5e-2), key
                 _check_timed(results, r, key, pp, n, sends)
     for r, res in enumerate(results):
         p2p = res["p2p"]
@@ -209,11 +267,36 @@ def _check_world(results: list[dict[str, Any]], n: int, layouts: tuple[Layout, .
         assert f"over {n} stages needs at least {n} layers" in res["skips"][1]
 
 
+def _check_profiled(results: list[dict[str, Any]]) -> None:
+    """gloo's own events (torch.profiler) against the counter, in the same step: as many sends, the same bytes.
+    fp8 e4m3 sends are b*s tokens of h code bytes and a float32 scale each, moved as the float32 view autograd
+    needs (the trace's dtype) and counted as the uint8 bytes they are; fp16 sends are b*s*h halves."""
+    from pathlib import Path
+
+    from commbench.store.traces import read_trace, step_calls
+
+    m, h = SECTION["microbatches"], SECTION["d_model"]
+    micro_tokens = SECTION["batch_size"] * 2 // m * SECTION["seq_len"]
+    for rank, res in enumerate(results):
+        for name, key, dtype, per_send in (
+            ("pp_1f1b_fp8comm", "send:uint8", "float32", micro_tokens * (h + 4)),
+            ("pp_1f1b_fp16", "send:half", "float16", micro_tokens * h * 2),
+        ):
+            got = res["profiled"][name]
+            sends = [c for c in step_calls(read_trace(Path(got["trace"])), PROFILED_STEP) if c.collective == "send"]
+            assert len(sends) == got["calls"][key] == m, (rank, name)  # each rank of 2 borders one boundary
+            assert {c.dtype for c in sends} == {dtype} and {c.peer for c in sends} == {1 - rank}, (rank, name)
+            assert [c.size_bytes for c in sends] == [per_send] * m, (rank, name)
+            assert sum(c.size_bytes for c in sends) == got["size"][key], (rank, name)
+
+
 @pytest.mark.timeout(300)
-def test_pp_two_ranks() -> None:
+def test_pp_two_ranks(tmp_path: Any) -> None:
     # uneven stages (1 and 3 blocks): the same boundary bytes, the unsplit model's loss and gradients
-    layouts = ((0, POLICIES + MULTI, ()), (0, ("pp_1f1b_fp32",), (1, 3)))
-    _check_world(run_in_world(_rank, nproc=2, timeout=280, layouts=layouts), 2, layouts)
+    layouts = ((0, POLICIES + WIRE + MULTI, ()), (0, ("pp_1f1b_fp32",), (1, 3)))
+    results = run_in_world(_rank, nproc=2, timeout=280, layouts=layouts, out=str(tmp_path))
+    _check_world(results, 2, layouts)
+    _check_profiled(results)
 
 
 @pytest.mark.timeout(420)

@@ -102,3 +102,42 @@ def test_layout_error_names_the_problem() -> None:
     # 2 ranks x 1 sample = 2 samples per pipeline step: not 4 micro-batches
     assert "batch of 2 samples" in str(PP().configure(section(batch_size=1)).layout_error(2))
     assert PP().layout_error(2) is None  # not configured: the degree alone
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_low_precision_wires(n: int) -> None:
+    # fp16 and bf16 on the wire: 2 bytes an element; fp8 e4m3 through the codec: one byte an element plus a float32
+    # scale per token (each token's h features are one chunk), counted as the uint8 bytes they are.
+    total = 2 * (n - 1) * M * TOKENS
+    fp16 = PipelineParallel(microbatches=M, act_dtype_name="float16")
+    assert fp16.comm_bytes(psi=1e6, world_size=n, layout=LAYOUT) == {"send:half": total * H * 2 / n}
+    fp8 = PipelineParallel(microbatches=M, codec="fp8_e4m3")
+    assert fp8.comm_bytes(psi=1e6, world_size=n, layout=LAYOUT) == {"send:uint8": total * (H + 4) / n}
+
+
+def test_wire_only_policies() -> None:
+    from commbench.training.policies import get_policy
+
+    for name, schedule in (("pp_gpipe_bf16comm", "gpipe"), ("pp_1f1b_bf16comm", "1f1b")):
+        p = get_policy(name)  # bf16 on the wire, fp32 compute: no autocast
+        assert p.autocast_name is None and p.sharding.act_dtype_name == BF16 and p.comm_dtype == "bf16"
+        assert p.reference == f"pp_{schedule}_fp32" and p.sharding.schedule == schedule
+    fp16 = get_policy("pp_1f1b_fp16")
+    assert fp16.autocast_name == "float16" and fp16.comm_dtype == "fp16" and fp16.reference == "pp_1f1b_fp32"
+    # stages hold different parameters: found-inf must be agreed by all of them (the scaler all-reduces it)
+    assert fp16.loss_scaling.scales and fp16.loss_scaling.reduces_found_inf and fp16.pitfalls() == []
+    assert fp16.comm_bytes(psi=0.0, world_size=2) == {"all_reduce:float": 4.0}  # 2(n-1)/n * one float
+    fp8 = get_policy("pp_1f1b_fp8comm")
+    assert fp8.autocast_name is None and fp8.comm_dtype == "fp8_e4m3" and fp8.reference == "pp_1f1b_fp32"
+    assert fp8.underflow.relative > 0  # a scaled format: small elements of a token are lost relative to its amax
+
+
+def test_codec_wire_needs_whole_words() -> None:
+    from types import SimpleNamespace
+
+    sec = SimpleNamespace(model="gpt", n_layers=4, batch_size=2, pp_degree=0, microbatches=4, d_model=30)
+    fp8 = PipelineParallel(codec="fp8_e4m3")
+    assert "a token's wire of 34 bytes (d_model=30 codes + scales)" in str(fp8.config_error(sec))
+    assert "valid:" in str(fp8.configure(sec).layout_error(2))
+    assert fp8.config_error(SimpleNamespace(**{**vars(sec), "d_model": 32})) is None
+    assert PipelineParallel().config_error(sec) is None  # a cast carries any width

@@ -280,6 +280,9 @@ class CommCounter:
         """Timed mode: each counted point-to-point send as (global peer, shape, dtype, `send_label()`), in call order."""
         self.send_label: Callable[[], str] = lambda: ""
         """What a timed send is labelled with (a pipeline: the phase of the compute that produced it)."""
+        self.send_dtype: Callable[[], str | None] = lambda: None
+        """The type name a send is counted under, None: its tensor's (a pipeline whose boundaries carry codec bytes
+        in a float32 view, which autograd needs, counts them as the "uint8" they are)."""
         self._originals: dict[str, Any] = {}
         self._funcol_originals: dict[str, Any] = {}
         self._p2p_original: Any = None
@@ -397,7 +400,7 @@ class CommCounter:
         size = _nbytes(tensor)
         link = self._link_of((dist.get_rank(), peer)) if peer is not None else "intra"
         with self._lock:
-            self._add(f"send:{dtype_name(tensor.dtype)}", size, size, link)
+            self._add(f"send:{self.send_dtype() or dtype_name(tensor.dtype)}", size, size, link)
             if self._timing is not None and peer is not None:
                 self.timed_sends.append((int(peer), tuple(int(d) for d in tensor.shape), tensor.dtype, self.send_label()))
 

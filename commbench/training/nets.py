@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from commbench.training.pp_wire import pack, unpack
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention (one fused qkv projection, like nanoGPT)."""
@@ -112,15 +114,22 @@ class GPTStage(nn.Module):
 
     A stage that is not the last sends its output cast to `wire_dtype_name` (the dtype crossing the boundary, so its
     gradient comes back in it too); a stage that is not the first computes from its input cast back to fp32, as the
-    unsplit model's residual stream is (fp32 under CPU autocast as well). `ctx` (set per step) is the autocast
-    context the forward runs in."""
+    unsplit model's residual stream is (fp32 under CPU autocast as well). With a `codec` the boundary carries its
+    wire bytes instead, both ways (`pp_wire.pack` / `unpack`). `ctx` (set per step) is the autocast context the
+    forward runs in."""
 
-    def __init__(self, model: Any, start: int, stop: int, *, first: bool, last: bool, wire_dtype_name: str) -> None:
+    def __init__(
+        self, model: Any, start: int, stop: int, *, first: bool, last: bool, wire_dtype_name: str, codec: str | None = None
+    ) -> None:
         super().__init__()
         import contextlib
 
+        from commbench.measure.codec import get_codec
+
         self.first, self.last = first, last
         self.wire_dtype = getattr(torch, wire_dtype_name)
+        self.codec = get_codec(codec) if codec else None
+        self.hidden = int(model.ln_f.normalized_shape[0])
         self.tok = model.tok if first else None
         self.pos = model.pos if first else None
         self.blocks = nn.ModuleList(list(model.blocks)[start:stop])
@@ -133,12 +142,12 @@ class GPTStage(nn.Module):
             if self.tok is not None and self.pos is not None:
                 x = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
             else:
-                x = x.float()
+                x = x.float() if self.codec is None else unpack(x, self.codec, self.hidden)
             for block in self.blocks:
                 x = block(x)
             if self.ln_f is not None and self.head is not None:
                 return self.head(self.ln_f(x))
-        return x.to(self.wire_dtype)
+        return x.to(self.wire_dtype) if self.codec is None else pack(x, self.codec)
 
 
 class PipelineRank(nn.Module):
@@ -216,6 +225,8 @@ class PipelineRank(nn.Module):
         counter = CommCounter.active()
         if counter is not None:  # a timed send carries the phase of the compute before it (p2p_timing)
             counter.send_label = lambda: self.clock.phase
+            wire = "uint8" if any(getattr(m, "codec", None) is not None for m in self.submod) else None
+            counter.send_dtype = lambda: wire  # codec bytes travel in a float32 view (pp_wire)
         self.clock.start()
         if first and last:
             self._schedule.step(x, target=y, losses=losses)

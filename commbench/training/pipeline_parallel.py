@@ -57,13 +57,17 @@ from commbench.training.strategies import (
     ADAM_FP32,
     BF16,
     DTYPE_UNDERFLOW,
+    FP16,
     FP32,
     INTER,
     INTRA,
+    NO_SCALING,
     SHORT,
     GradComm,
     Layout,
+    LossScaling,
     ModelState,
+    ShardedGradScaling,
     Sharding,
     Underflow,
     World,
@@ -105,10 +109,15 @@ class PipelineParallel(Sharding):
     """Blocks of each stage, first to last; (): balanced (`pp_schedules.balanced`)."""
     act_dtype_name: str = FP32
     """torch's name of the dtype crossing the stage boundaries (both directions)."""
+    codec: str | None = None
+    """A `commbench.measure.codec` name: the boundaries carry its wire bytes (codes + a float32 scale per token, both
+    directions; `pp_wire`) instead of a cast to `act_dtype_name`."""
     n_layers: int = 0
     """The suite model's blocks (from `configure`; 0: not known, not checked by `layout_error`)."""
     batch: int = 0
     """Samples per rank per step, the suite's batch_size (from `configure`; 0: not known)."""
+    hidden: int = 0
+    """The suite model's d_model, what crosses a boundary per token (from `configure`; 0: not known)."""
 
     @staticmethod
     def layout(*, tokens: int, hidden: int) -> Layout:
@@ -145,6 +154,7 @@ class PipelineParallel(Sharding):
         given = tuple(int(k) for k in getattr(section, "stage_layers", None) or ())
         return replace(
             self, pp=pp, microbatches=m, parallelism=par, n_layers=layers, batch=int(getattr(section, "batch_size", 0)),
+            hidden=int(getattr(section, "d_model", 0)),
             virtual=int(getattr(section, "virtual_stages", self.virtual)), stage_layers=given,
         )  # fmt: skip
 
@@ -169,6 +179,9 @@ class PipelineParallel(Sharding):
             return f"pipeline parallelism needs the gpt model (its blocks are split into stages); model={section.model}"
         pp, m, layers = int(section.pp_degree), int(section.microbatches), int(section.n_layers)
         given = tuple(getattr(section, "stage_layers", None) or ())
+        reason = self._wire_error(int(getattr(section, "d_model", 0)))
+        if reason:
+            return reason
         return replace(self, stage_layers=given, virtual=int(getattr(section, "virtual_stages", self.virtual))).split_error(
             pp, m, layers, int(section.batch_size)) if pp else None  # fmt: skip
 
@@ -176,6 +189,21 @@ class PipelineParallel(Sharding):
         """Why `pp` stages cannot split `layers` blocks and the pipeline's batch into `m` micro-batches, or None."""
         return stage_split_error(layers, self.total_stages(pp), self.stage_layers) or self.plan.microbatch_error(pp, m) or (
             self._batch_error(pp, m, batch))  # fmt: skip
+
+    def _wire_error(self, hidden: int) -> str | None:
+        """Why `hidden` features per token cannot cross a boundary through the codec, or None."""
+        if not self.codec or not hidden:
+            return None
+        from commbench.measure.codec import get_codec
+
+        b = get_codec(self.codec).wire_bytes(hidden)
+        if b % 4:  # the wire travels as a float32 view (pp_wire)
+            return (
+                f"pipeline parallelism through {self.codec}: a token's wire of {b} bytes (d_model={hidden} codes + "
+                "scales) is not a whole number of float32 words; valid: a d_model whose wire is a multiple of 4 bytes "
+                "(fp8_e4m3: d_model a multiple of 4)"
+            )
+        return None
 
     @staticmethod
     def _batch_error(pp: int, m: int, batch: int) -> str | None:
@@ -196,7 +224,7 @@ class PipelineParallel(Sharding):
             return str(exc)
         if self.n_layers < 0:
             return "pipeline parallelism needs the gpt model (its blocks are split into stages)"
-        return self.split_error(pp, self.microbatches, self.n_layers, self.batch)
+        return self._wire_error(self.hidden) or self.split_error(pp, self.microbatches, self.n_layers, self.batch)
 
     def data_ranks(self, rank: int, world_size: int) -> tuple[int, ...]:
         pp = self.degree(world_size)
@@ -228,18 +256,30 @@ class PipelineParallel(Sharding):
         return ((BOUNDARY, int(ln1.normalized_shape[0])),) if ln1 is not None else ()
 
     def comm_dtype(self, grad_comm: GradComm) -> str:
-        return SHORT[self.act_dtype_name]
+        return self.codec or SHORT[self.act_dtype_name]
 
     def comm_underflow(self, grad_comm: GradComm) -> Underflow:
-        # The activation gradients cross the boundaries in act_dtype; the data-parallel gradient all-reduce stays fp32.
+        # The activation gradients cross the boundaries in act_dtype (or the codec, its threshold measured on the
+        # codec as the DDP codec hook's); the data-parallel gradient all-reduce stays fp32.
+        if self.codec:
+            from commbench.training.hooks import codec_underflow
+
+            return Underflow(self.codec, relative=codec_underflow(self.codec))
         return DTYPE_UNDERFLOW[self.act_dtype_name]
 
     # --- formulas -----------------------------------------------------------------------------------
 
-    def _boundary_elems(self, layout: Layout) -> int:
-        """b*s*h of one micro-batch at one boundary (0 without a layout: nothing can be said)."""
+    def _boundary_send(self, layout: Layout) -> tuple[str, int]:
+        """("send:<type>", bytes) of one micro-batch's send at one boundary: b*s*h elements of act_dtype, or with a
+        codec b*s tokens of its wire bytes (h codes + scales each) counted as uint8 (0 without a layout)."""
+        from commbench.measure.precision import torch_dtype
+
         h = sum(f for label, f in layout.activations if label == BOUNDARY)
-        return layout.tokens * h
+        if self.codec:
+            from commbench.measure.codec import get_codec
+
+            return "send:uint8", layout.tokens * get_codec(self.codec).wire_bytes(h) if h else 0
+        return f"send:{dtype_name(self.act_dtype_name)}", layout.tokens * h * torch_dtype(self.act_dtype_name).itemsize
 
     def send_bytes_of_rank(self, rank: int, w: World) -> dict[str, dict[str, float]]:
         """Bytes `rank` sends per step, by link then "op:dtype": its P2P sends (forward to the next stage, backward
@@ -247,16 +287,14 @@ class PipelineParallel(Sharding):
         stages' own Psi_p are not in a Psi-only description). Links: a send is INTER when its two ranks sit on
         different nodes, an all-reduce when its group spans nodes (ranks numbered node-major, as the runner checks
         for a node mesh; `nodes` equal nodes of world_size/nodes ranks)."""
-        from commbench.measure.precision import torch_dtype
-
         n = w.world_size
         pp = self.degree(n)
         dp = n // pp
         per_node = max(n // max(w.nodes, 1), 1)
         out: dict[str, dict[str, float]] = {INTRA: {}, INTER: {}}
         d, p = self.stage_of(rank, n)
-        send = self.microbatches * self._boundary_elems(w.layout) * torch_dtype(self.act_dtype_name).itemsize
-        key = f"send:{dtype_name(self.act_dtype_name)}"
+        key, one = self._boundary_send(w.layout)
+        send = self.microbatches * one
         for s in range(self.total_stages(pp) - 1):  # boundary s -> s+1: forward from s's rank, backward from s+1's
             a, b = self.plan.rank_of(s, pp), self.plan.rank_of(s + 1, pp)
             if a == b:  # both stages on one rank (ZBV's turn): nothing crosses a link
@@ -321,7 +359,7 @@ class PipelineParallel(Sharding):
         last = len(sizes) - 1
         mine = [s for s in range(len(sizes)) if self.plan.rank_of(s, pp) == p]
         stages = [(s, GPTStage(model, starts[s], starts[s] + sizes[s], first=s == 0, last=s == last,
-                               wire_dtype_name=self.act_dtype_name).to(device)) for s in mine]  # fmt: skip
+                               wire_dtype_name=self.act_dtype_name, codec=self.codec).to(device)) for s in mine]  # fmt: skip
         # Every rank creates every group (new_group is collective), then keeps its own.
         pipe_groups = [dist.new_group(list(range(d * pp, d * pp + pp))) for d in range(n // pp)]
         dp_groups = [dist.new_group(list(range(q, n, pp))) for q in range(pp)] if n > pp else []
@@ -337,9 +375,12 @@ class PipelineParallel(Sharding):
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         scale: float,
         autocast: Callable[[], Any],
+        scaler: Any = None,
     ) -> torch.Tensor | None:
         """One schedule step (forward and backward of every micro-batch); returns the mean of the micro-batches'
-        losses on the last stage, a zero elsewhere (`reports_loss` says which)."""
+        losses on the last stage, a zero elsewhere (`reports_loss` says which). A `scaler` multiplies the loss by its
+        scale (`scaler.scale` of a one: it also initialises the scale on the stages that compute no loss, as
+        `scale(loss)` would, so that every stage's `scaler.step` unscales its gradients)."""
         batch = int(x.shape[0])
         if batch % self.microbatches:  # checked on every rank before any send: all of them skip the policy
             raise ValueError(
@@ -348,6 +389,10 @@ class PipelineParallel(Sharding):
             )
         counter = CommCounter.active()
         timing = counter.timing if counter is not None else None
+        if scaler is not None:
+            import torch
+
+            scale *= float(scaler.scale(torch.ones((), device=x.device)))
         out: torch.Tensor = model.step(x, y, loss=loss, scale=scale, autocast=autocast, timed=timing is not None)  # type: ignore[operator]
         if counter is not None and timing is not None:  # the step's sends, timed one by one (p2p_timing)
             rank: Any = model
@@ -363,26 +408,40 @@ class PipelineParallel(Sharding):
         return profile(rank.clock, rank.p2p, stage=rank.index, skip=warmup, theory=theory, counter=counter)
 
 
-def _pp(name: str, schedule: str, act: str, description: str) -> Policy:
+def _pp(
+    name: str, schedule: str, description: str, act: str = FP32, *, autocast: bool = True, codec: str | None = None,
+    scaling: LossScaling = NO_SCALING,
+) -> Policy:
+    """A PP policy: `act` crosses the boundaries (and, with `autocast`, is the compute dtype too; without, the stages
+    compute in fp32 and only the wire is low precision), or the `codec`'s bytes do; a low-precision policy's reference
+    is the fp32 one of its schedule (pp_1f1b_fp16 -> pp_1f1b_fp32)."""
+    low = act != FP32 or codec is not None
     return Policy(
         name=name,
         family="pp",
         description=description,
-        sharding=PipelineParallel(schedule=schedule, act_dtype_name=act),
-        autocast_name=None if act == FP32 else act,
-        reference=None if act == FP32 else name.replace(SHORT[act], "fp32"),
+        sharding=PipelineParallel(schedule=schedule, act_dtype_name=act, codec=codec),
+        autocast_name=act if low and autocast and codec is None else None,
+        loss_scaling=scaling,
+        reference=name.rsplit("_", 1)[0] + "_fp32" if low else None,
     )
 
 
+_GPIPE = "pipeline parallel (GPipe; pp_degree stages, data parallel over the rest)"
+_1F1B = "pipeline parallel (1F1B; pp_degree stages, data parallel over the rest)"
 _POLICIES = (
-    _pp("pp_gpipe_fp32", GPIPE, FP32, "pipeline parallel (GPipe; pp_degree stages, data parallel over the rest), fp32; activations sent fp32"),
-    _pp("pp_gpipe_bf16", GPIPE, BF16, "pipeline parallel (GPipe), autocast bf16; activations and their gradients sent bf16"),
-    _pp("pp_1f1b_fp32", ONE_F_ONE_B, FP32, "pipeline parallel (1F1B; pp_degree stages, data parallel over the rest), fp32; activations sent fp32"),
-    _pp("pp_1f1b_bf16", ONE_F_ONE_B, BF16, "pipeline parallel (1F1B), autocast bf16; activations and their gradients sent bf16"),
-    _pp("pp_interleaved_fp32", INTERLEAVED, FP32, "pipeline parallel (interleaved 1F1B; virtual_stages stages per rank, looped), fp32; activations sent fp32"),
-    _pp("pp_interleaved_bf16", INTERLEAVED, BF16, "pipeline parallel (interleaved 1F1B), autocast bf16; activations and their gradients sent bf16"),
-    _pp("pp_izb_fp32", INTERLEAVED_ZB, FP32, "pipeline parallel (interleaved zero bubble: weight gradients fill the bubble), fp32"),
-    _pp("pp_zbv_fp32", ZBV, FP32, "pipeline parallel (ZBV zero bubble: two stages per rank in a V), fp32"),
+    _pp("pp_gpipe_fp32", GPIPE, f"{_GPIPE}, fp32; activations sent fp32"),
+    _pp("pp_gpipe_bf16", GPIPE, "pipeline parallel (GPipe), autocast bf16; activations and their gradients sent bf16", BF16),
+    _pp("pp_1f1b_fp32", ONE_F_ONE_B, f"{_1F1B}, fp32; activations sent fp32"),
+    _pp("pp_1f1b_bf16", ONE_F_ONE_B, "pipeline parallel (1F1B), autocast bf16; activations and their gradients sent bf16", BF16),
+    _pp("pp_interleaved_fp32", INTERLEAVED, "pipeline parallel (interleaved 1F1B; virtual_stages stages per rank, looped), fp32; activations sent fp32"),
+    _pp("pp_interleaved_bf16", INTERLEAVED, "pipeline parallel (interleaved 1F1B), autocast bf16; activations and their gradients sent bf16", BF16),
+    _pp("pp_izb_fp32", INTERLEAVED_ZB, "pipeline parallel (interleaved zero bubble: weight gradients fill the bubble), fp32"),
+    _pp("pp_zbv_fp32", ZBV, "pipeline parallel (ZBV zero bubble: two stages per rank in a V), fp32"),
+    _pp("pp_gpipe_bf16comm", GPIPE, "pipeline parallel (GPipe), fp32 compute; activations and their gradients sent bf16", BF16, autocast=False),
+    _pp("pp_1f1b_bf16comm", ONE_F_ONE_B, "pipeline parallel (1F1B), fp32 compute; activations and their gradients sent bf16", BF16, autocast=False),
+    _pp("pp_1f1b_fp16", ONE_F_ONE_B, "pipeline parallel (1F1B), autocast fp16 + ShardedGradScaler (found-inf agreed by every stage); activations and their gradients sent fp16", FP16, scaling=ShardedGradScaling()),
+    _pp("pp_1f1b_fp8comm", ONE_F_ONE_B, "pipeline parallel (1F1B), fp32 compute; activations and their gradients sent as fp8 e4m3 codes + a float32 scale per token", codec="fp8_e4m3"),
 )  # fmt: skip
 for _p in _POLICIES:
     register_policy(_p)

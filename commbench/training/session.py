@@ -203,10 +203,16 @@ class PolicySession:
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward, backward (with the gradient communication), optimizer step. Returns the detached loss."""
         w = self.w
-        # A pipeline runs forward and backward of every micro-batch in its schedule.
-        stepped = self.policy.sharding.pipeline_step(w.model, x, y, loss=loss_fn, scale=self.mult, autocast=self._autocast)
+        # A pipeline runs forward and backward of every micro-batch in its schedule (the loss scaled by the scaler too).
+        stepped = self.policy.sharding.pipeline_step(
+            w.model, x, y, loss=loss_fn, scale=self.mult, autocast=self._autocast, scaler=w.scaler
+        )
         if stepped is not None:
-            w.optimizer.step()
+            if w.scaler is not None:
+                w.scaler.step(w.optimizer)
+                w.scaler.update()
+            else:
+                w.optimizer.step()
             return stepped.detach()
 
         with self._autocast():

@@ -187,10 +187,12 @@ class Sharding(ABC):
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         scale: float,
         autocast: Callable[[], Any],
+        scaler: Any = None,
     ) -> torch.Tensor | None:
         """Run a step that is not the runner's forward/backward (a pipeline schedule: forward and backward of every
-        micro-batch, the loss multiplied by `scale` before backward) and return its detached loss; None (the
-        default): the runner's own forward, backward and loss scaler."""
+        micro-batch, the loss multiplied by `scale` and by the `scaler`'s scale, if any, before backward; the runner
+        then steps through the scaler) and return its detached loss; None (the default): the runner's own forward,
+        backward and loss scaler."""
         return None
 
     def step_profile(self, model: nn.Module, warmup: int) -> dict[str, Any]:
