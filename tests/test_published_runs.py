@@ -214,7 +214,21 @@ def test_plan_argv_and_missing_flags(tmp_path: Path) -> None:
     assert missing == [] and "--strategy" in argv and "--sequence-parallel" in argv and "--biases" not in argv
     assert "--tp-comm-overlap" not in argv  # Llama 3 does not say it overlaps TP
     argv, _ = bpp.plan_argv(RUNS["mcore-h100-177b"], tmp_path, {*everything, "--tp-comm-overlap"})
-    assert "--tp-comm-overlap" in argv
+    assert "--tp-comm-overlap" in argv and "--attention" not in argv  # Megatron-Core 0.8 runs flash attention
+    argv, missing = bpp.plan_argv(r, tmp_path, everything)  # BLOOM (2022) predates flash attention in Megatron
+    assert argv[argv.index("--attention") + 1] == "eager" and missing == ["--attention"]
+    argv, _ = bpp.plan_argv(RUNS["llama3-405b-128k"], tmp_path, {*everything, "--cp-comm"})
+    assert argv[argv.index("--cp-comm") + 1] == "all_gather"
+    argv, _ = bpp.plan_argv(RUNS["mlperf31-gpt3-10752"], tmp_path, {*everything, "--fp8-gemms"})
+    assert "--fp8-gemms" in argv
+
+
+def test_runs_before_flash_attention_are_eager() -> None:
+    # FlashAttention (Dao et al., arXiv 2205.14135) appeared in May 2022: Megatron-LM's 2021 and Korthikanti et al.'s
+    # runs and BLOOM's Megatron-DeepSpeed wrote the attention scores; the 2024 runs are flash (the default)
+    for r in DATA["run"]:
+        eager = r["source"] in ("nar21_t1", "nar21_t2", "kor22", "bloom")
+        assert r.get("attention", "flash") == ("eager" if eager else "flash"), r["id"]
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -302,7 +316,8 @@ def test_price_reads_what_the_cli_leaves(monkeypatch: pytest.MonkeyPatch) -> Non
         return 1  # does not fit: priced all the same
 
     monkeypatch.setattr(commbench.cli, "main", fake_main)
-    flags = {*bpp.REQUIRED, "--biases", "--tied-embeddings", "--strategy", "--precisions", "--kernel-efficiency"}
+    flags = {*bpp.REQUIRED, "--biases", "--tied-embeddings", "--strategy", "--precisions", "--kernel-efficiency",
+             "--attention"}  # fmt: skip
     p = bpp.price(r, flags)
     assert isinstance(p, bpp.Priced) and p.step_time_s == 100.0 and p.fits == "False" and p.comm_exposed_s == 3.0
     assert seen[0][:3] == ["plan", "--tp", "4"]
