@@ -74,3 +74,17 @@ def test_cli_refuses_fp8_gemms_without_fp8_tensor_cores(capsys: pytest.CaptureFi
                    "--global-batch", "12", "--fp8-gemms", "--out", str(tmp_path / "p")])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "no float8 peak" in err[0]
+
+
+def test_the_loss_over_the_vocabulary_is_memory_bound_on_the_last_stage() -> None:
+    kw = {"model_preset": "llama3-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 8, "global_batch": 32,
+          "kernel_efficiency": 0.6}  # fmt: skip
+    base = plan_layout(**kw).iloc[0]  # type: ignore[arg-type]
+    big = plan_layout(**{**kw, "vocab": 2 * 128256}).iloc[0]  # type: ignore[arg-type]
+    m = MODELS["llama3-8b"]
+    # doubling V adds the logits' GEMMs (2 h V per token forward, three passes) and Megatron's fp32 cross-entropy:
+    # cast 6, max 4, subtract 8, exp 8, sum 4, normalise 8, backward scale 8 and cast 6 bytes per logit, at 80 % of
+    # the H100's 3.35 TB/s; 4 micro-batches of 8192 tokens
+    tokens = 4 * m.seq
+    want = tokens * 128256 * (3 * 2 * m.hidden / (989e12 * 0.6) + 52 / (0.8 * 3350e9))
+    assert big["compute_s"] - base["compute_s"] == pytest.approx(want, rel=1e-9)

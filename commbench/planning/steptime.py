@@ -7,7 +7,9 @@ compute hides (issue 32).
   and logits included) over ``peak x kernel efficiency``, per GPU (divided by TP and CP), ``m`` micro-batches,
   plus the non-matmul kernels (norms, dropout, softmax, activation functions, residuals), memory-bound: the
   activations a layer writes (Korthikanti et al. 2022's count; eager attention's scores, none with flash), written
-  and read once per pass at the HBM bandwidth (80 %; 100-50 % in the interval); ``compute_s`` is the mean stage's,
+  and read once per pass at the HBM bandwidth (80 %; 100-50 % in the interval), and the loss over the vocabulary on
+  the last stage (:data:`LOSS_BYTES_PER_LOGIT` per logit); with ``fp8_gemms`` the projections and MLP run at the
+  float8 peak; ``compute_s`` is the mean stage's,
   ``imbalance_s`` what the slowest stage adds (``m`` times the difference).
 * **bubble**: 1F1B idles ``(p-1)`` micro-batch times of the slowest stage (its compute and its exposed
   per-micro-batch communication), interleaved ``(p-1)/v`` (Narayanan et al. 2021, section 2.2); ``bubble_frac``
@@ -65,6 +67,11 @@ MEGATRON_BUCKET = (40_000_000, 1_000_000)
 ``bucket_size`` default), so that a bucket's ring latency stays small against its bytes at scale."""
 CP_COMMS = ("ring", "all_gather")
 """How context parallelism exchanges K/V (:attr:`Setup.cp_comm`)."""
+LOSS_BYTES_PER_LOGIT = 52.0
+"""HBM bytes the cross-entropy moves per logit (``b*s*V/t`` of them per micro-batch), Megatron-LM
+``core/tensor_parallel/cross_entropy.py`` on ``logits.float()``: forward the fp32 cast (2 read + 4 written), the max
+(4), the subtraction (4 + 4), the exp (4 + 4), the sum (4), the normalisation in place (4 + 4); backward the scale
+by the loss gradient (4 + 4) and the cast back to bf16 (4 + 2)."""
 HEADROOM = 0.10
 """Default fraction of device memory kept free (allocator caching and fragmentation, NCCL buffers, CUDA context)."""
 
@@ -215,6 +222,8 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
         elementwise = passes * traffic / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k]) if s.compute_ms is None else 0.0
         per_layer_c = layer_hw * fp8 * per_gpu / (peak * effs[k]) + elementwise
         head_c = head_hw * per_gpu / (peak * effs[k])
+        if s.compute_ms is None:  # the loss over the vocabulary, memory-bound, on the last stage
+            head_c += LOSS_BYTES_PER_LOGIT * per_gpu * m.vocab / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k])
         stages = [(split[-1] * per_layer_c + head_c, split[-1])]
         if pp > 1:
             stages.append((fullest * per_layer_c, fullest))
