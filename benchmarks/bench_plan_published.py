@@ -67,6 +67,9 @@ CHOICES = {
     "precision": ("bf16", "fp32"), "reference": ("step_time", "megatron_eq3", "model_tflops", "model_mfu", "palm_mfu"),
 }  # fmt: skip
 
+OPTIONAL_CHOICES = {"attention": ("eager", "flash"), "cp_comm": ("ring", "all_gather")}
+"""Optional run fields with their values (absent: the plan's default, flash and ring)."""
+
 # --------------------------------------------------------------------------------------------- the data file
 
 
@@ -151,8 +154,11 @@ def validate(data: dict[str, Any]) -> list[str]:
             continue
         bad += [f"{rid}: {k}={r[k]!r} not one of {', '.join(v)}" for k, v in CHOICES.items() if r[k] not in v]
         bad += [f"{rid}: assumed names unknown field {a!r}" for a in r["assumed"] if a not in r]
-        if not isinstance(r.get("tp_comm_overlap", False), bool):
-            bad.append(f"{rid}: tp_comm_overlap not bool")
+        for key in ("tp_comm_overlap", "fp8_gemms"):
+            if not isinstance(r.get(key, False), bool):
+                bad.append(f"{rid}: {key} not bool")
+        bad += [f"{rid}: {key}={r[key]!r} not one of {', '.join(v)}" for key, v in OPTIONAL_CHOICES.items()
+                if key in r and r[key] not in v]
         if r["source"] not in data.get("sources", {}):
             bad.append(f"{rid}: unknown source {r['source']!r}")
         if r["tp"] * r["pp"] * r["cp"] * r["dp"] != gpus(r):
@@ -214,6 +220,7 @@ def plan_argv(
     for flag, on in (
         ("--sequence-parallel", run["sequence_parallel"]),
         ("--tp-comm-overlap", run.get("tp_comm_overlap")),
+        ("--fp8-gemms", run.get("fp8_gemms")),
     ):
         if on and flag in flags:  # optional: a plan without the flag prices the run without it
             argv.append(flag)
@@ -221,6 +228,10 @@ def plan_argv(
         flag = one if one in flags else many
         argv += [flag, run[key]]
         needed.append(flag)
+    for flag, key in (("--attention", "attention"), ("--cp-comm", "cp_comm")):
+        if run.get(key):
+            argv += [flag, run[key]]
+            needed.append(flag)
     if kernel_efficiency is not None:
         argv += ["--kernel-efficiency", f"{kernel_efficiency:.6g}"]
         needed.append("--kernel-efficiency")

@@ -26,7 +26,7 @@ from commbench.planning.costmodel import CostModel
 from commbench.planning.layout import Parallel, check_layout, parse_split, round_batch
 from commbench.planning.options import OPTIMIZERS, PRECISIONS, STRATEGIES, check_choices
 from commbench.planning.presets import MODELS, ModelShape, model_shape
-from commbench.planning.steptime import HEADROOM, Setup, price_layout
+from commbench.planning.steptime import CP_COMMS, HEADROOM, Setup, price_layout
 
 GLOBAL_BATCH_TOKENS = 4 * 2**20
 """Default tokens per optimizer step (about Llama 2's 4M-token batch, Touvron et al. 2023, section 2.2)."""
@@ -136,7 +136,7 @@ def plan_layout(
     *, model_preset: str | None = None, params: float | None = None, tp: int = 1, pp: int = 1, dp: int | None = None,
     cp: int = 1, vpp: int = 1, micro_batch: int = 1, global_batch: int | None = None,
     global_batch_tokens: int | None = None, recompute: str = "none", pp_split: str | Sequence[int] | None = None,
-    sequence_parallel: bool = False, tp_comm_overlap: bool = False,
+    sequence_parallel: bool = False, tp_comm_overlap: bool = False, fp8_gemms: bool = False, cp_comm: str = "ring",
     gpu: str = "h100", nodes: int | None = None, gpus_per_node: int | None = None,
     strategies: Sequence[str] = ("ddp",), precisions: Sequence[str] = ("bf16",), optimizer: str = "adam",
     attention: str = "flash", kernel_efficiency: float | None = None, compute_ms: float | None = None,
@@ -152,6 +152,10 @@ def plan_layout(
     g = resolve_gpu(gpu, tflops)
     check_choices(strategies=strategies, precisions=precisions, optimizer=optimizer, attention=attention,
                   recompute=recompute)  # fmt: skip
+    if cp_comm not in CP_COMMS:
+        raise ValueError(f"unknown cp_comm {cp_comm!r}; valid: {', '.join(CP_COMMS)}")
+    if fp8_gemms:
+        g.peak("float8")  # ValueError naming the GPU's peaks when it has no FP8 tensor cores
     if overlap is not None and not (isinstance(overlap, (int, float)) and 0 <= overlap <= 1):
         raise ValueError(f"overlap must be in [0, 1], got {overlap!r}")
     if not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
@@ -186,7 +190,8 @@ def plan_layout(
     for sname in strategies:
         for pname in precisions:
             setup = Setup(m, g, gpn, STRATEGIES[sname], sname, PRECISIONS[pname], pname, OPTIMIZERS[optimizer],
-                          effs, mfu, compute_ms, overlap, memory, headroom, attention, src, bool(tp_comm_overlap))  # fmt: skip
+                          effs, mfu, compute_ms, overlap, memory, headroom, attention, src, bool(tp_comm_overlap),
+                          bool(fp8_gemms), cp_comm)  # fmt: skip
             try:
                 rows.append(price_layout(setup, lay, pricer))
             except ValueError as e:  # fp8 gradient communication without a DDP hook, ...

@@ -7,7 +7,9 @@ compute hides (issue 32).
   and logits included) over ``peak x kernel efficiency``, per GPU (divided by TP and CP), ``m`` micro-batches,
   plus the non-matmul kernels (norms, dropout, softmax, activation functions, residuals), memory-bound: the
   activations a layer writes (Korthikanti et al. 2022's count; eager attention's scores, none with flash), written
-  and read once per pass at the HBM bandwidth (80 %; 100-50 % in the interval); ``compute_s`` is the mean stage's,
+  and read once per pass at the HBM bandwidth (80 %; 100-50 % in the interval), and the loss over the vocabulary on
+  the last stage (:data:`LOSS_BYTES_PER_LOGIT` per logit); with ``fp8_gemms`` the projections and MLP run at the
+  float8 peak; ``compute_s`` is the mean stage's,
   ``imbalance_s`` what the slowest stage adds (``m`` times the difference).
 * **bubble**: 1F1B idles ``(p-1)`` micro-batch times of the slowest stage (its compute and its exposed
   per-micro-batch communication), interleaved ``(p-1)/v`` (Narayanan et al. 2021, section 2.2); ``bubble_frac``
@@ -63,6 +65,13 @@ from commbench.training.strategies import DDP_BUCKET_CAP_BYTES, ModelState
 MEGATRON_BUCKET = (40_000_000, 1_000_000)
 """Megatron-LM's DDP / distributed-optimizer bucket: ``max(40M, 1M x DP)`` parameters (megatron/core/distributed,
 ``bucket_size`` default), so that a bucket's ring latency stays small against its bytes at scale."""
+CP_COMMS = ("ring", "all_gather")
+"""How context parallelism exchanges K/V (:attr:`Setup.cp_comm`)."""
+LOSS_BYTES_PER_LOGIT = 52.0
+"""HBM bytes the cross-entropy moves per logit (``b*s*V/t`` of them per micro-batch), Megatron-LM
+``core/tensor_parallel/cross_entropy.py`` on ``logits.float()``: forward the fp32 cast (2 read + 4 written), the max
+(4), the subtraction (4 + 4), the exp (4 + 4), the sum (4), the normalisation in place (4 + 4); backward the scale
+by the loss gradient (4 + 4) and the cast back to bf16 (4 + 2)."""
 HEADROOM = 0.10
 """Default fraction of device memory kept free (allocator caching and fragmentation, NCCL buffers, CUDA context)."""
 
@@ -97,6 +106,14 @@ class Setup:
     tp_comm_overlap: bool = False
     """Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine's userbuffers): TP's all-gathers and reduce-scatters
     are split and pipelined with the matmuls next to them, so they hide behind the layer's compute."""
+    fp8_gemms: bool = False
+    """Transformer Engine's FP8 linear layers (``--fp8-gemms``; NVIDIA's MLPerf GPT-3 configs, ``FP8=True``): the
+    layers' projections and MLP run at the GPU's float8 peak, at the same kernel efficiency; the attention core
+    (TE's fused attention in bf16) and the output layer (not a TE layer) stay at the bf16 peak."""
+    cp_comm: str = "ring"
+    """How context parallelism exchanges K/V (``--cp-comm``): ``ring`` (Megatron-LM's ring attention, the next
+    block sent while the current one is computed) or ``all_gather`` (Llama 3, section 3.3.2: K and V all-gathered
+    before the attention core, "exposed in the critical path"; their gradients reduce-scattered in backward)."""
 
 
 @dataclass(slots=True)
@@ -119,6 +136,7 @@ def exposure(kind: str, comm: float, window: float, overlap: float | None) -> tu
     * ``pp``: 1F1B's sends and receives block the schedule: exposed;
     * ``cp``: ring attention sends the next K/V block while the current one is computed: hidden behind the
       layer's attention core;
+    * ``cp_all_gather``: all-gather context parallelism (``--cp-comm all_gather``): exposed;
     * ``fsdp_fwd`` / ``fsdp_bwd``: the next layer's gather (and in backward the current layer's reduce-scatter)
       is prefetched behind the current layer's compute only, so what exceeds that compute is exposed;
     * ``fsdp_root``: the first unit's gather has no compute before it, its last reduce-scatter none after it;
@@ -130,8 +148,9 @@ def exposure(kind: str, comm: float, window: float, overlap: float | None) -> tu
     ``overlap`` (``--overlap x``) replaces the rule: every collective hides behind x of its window."""
     if overlap is not None:
         return max(0.0, comm - overlap * window), f"--overlap {overlap:g}: behind {overlap:.0%} of its window"
-    if kind in ("tp", "pp", "param_gather", "fsdp_root", "zero3_serial"):
+    if kind in ("tp", "pp", "param_gather", "fsdp_root", "zero3_serial", "cp_all_gather"):
         why = {"tp": "between the matmuls that need it", "pp": "1F1B sends and receives block the schedule",
+               "cp_all_gather": "K/V gathered before the attention core that needs them (Llama 3, 3.3.2)",
                "param_gather": "after the optimizer step, before the next forward",
                "fsdp_root": "the first gather and last reduce-scatter have no compute to hide behind",
                "zero3_serial": "DeepSpeed ZeRO-3's gathers and reduce-scatters on the critical path"}[kind]  # fmt: skip
@@ -191,8 +210,9 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
     hw_step = total_hw * tokens_mb * mbs * p.dp  # hardware FLOPs of the whole step
     model_step = f.model_per_token(m.layers) * tokens_mb * mbs * p.dp
     effs = _efficiencies(s, total_hw / pp, per_gpu, mbs, peak)
+    fp8 = _fp8_factor(s, p, f, layer_hw, peak)
 
-    ex = _comm(s, p, f, split, pricer, per_gpu, peak, effs)
+    ex = _comm(s, p, f, split, pricer, per_gpu, peak / fp8, effs)
     traffic = _layer_traffic(s, p)
     passes = layer_hw / f.layer
     # the slowest stage is the fullest of the others or the last (it adds the logits): two candidates, any pp
@@ -200,8 +220,10 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
     times = []
     for k in range(3):
         elementwise = passes * traffic / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k]) if s.compute_ms is None else 0.0
-        per_layer_c = layer_hw * per_gpu / (peak * effs[k]) + elementwise
+        per_layer_c = layer_hw * fp8 * per_gpu / (peak * effs[k]) + elementwise
         head_c = head_hw * per_gpu / (peak * effs[k])
+        if s.compute_ms is None:  # the loss over the vocabulary, memory-bound, on the last stage
+            head_c += LOSS_BYTES_PER_LOGIT * per_gpu * m.vocab / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k])
         stages = [(split[-1] * per_layer_c + head_c, split[-1])]
         if pp > 1:
             stages.append((fullest * per_layer_c, fullest))
@@ -242,6 +264,15 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
         "comm_exposure": "; ".join(f"{k}: {v_}" for k, v_ in ex.reasons.items()),
     }  # fmt: skip
     return row
+
+
+def _fp8_factor(s: Setup, p: Parallel, f: LayerFlops, layer_hw: float, peak: float) -> float:
+    """The layer's compute time with FP8 GEMMs over its time at ``peak`` (1 without): the projections' and MLP's
+    FLOPs at the float8 peak, the attention core's (every pass that runs it) at ``peak``."""
+    if not s.fp8_gemms:
+        return 1.0
+    core = f.core * (3.0 + (0.0 if p.recompute.keeps_layer and p.recompute.keeps_scores else 1.0))
+    return (core + (layer_hw - core) * peak / s.gpu.peak("float8")) / layer_hw
 
 
 def _efficiencies(s: Setup, mean_stage: float, per_gpu: float, mbs: int, peak: float) -> tuple[float, ...]:
@@ -286,7 +317,19 @@ def _comm(
             ex.per_layer[k] += e
             ex.total_comm[k] += comm * sum(split) / len(split) * p.microbatches
         ex.reasons["tp"], ex.sources["tp"] = why, ag.source
-    if p.cp > 1:  # ring attention: cp-1 K/V blocks forward, K/V and their gradients backward
+    if p.cp > 1 and s.cp_comm == "all_gather":  # K/V gathered forward, their gradients reduce-scattered backward
+        nodes, conc = placement(p.cp, p.tp, gpn)
+        kv_all = p.cp * rows * 2 * m.hidden * m.kv_heads / m.heads * act_b / p.tp
+        ag = pricer.price(Call("all_gather", kv_all, p.cp, nodes, conc, wire))
+        rs = pricer.price(Call("reduce_scatter", kv_all, p.cp, nodes, conc, wire))
+        regather = 1.0 if full else 0.0  # full recompute gathers again before the rerun forward
+        for k, (a, r) in enumerate(zip((ag.low, ag.mid, ag.high), (rs.low, rs.mid, rs.high), strict=True)):
+            comm = (1.0 + regather) * a + r
+            e, why = exposure("cp_all_gather", comm, 0.0, s.overlap)
+            ex.per_layer[k] += e
+            ex.total_comm[k] += comm * sum(split) / len(split) * p.microbatches
+        ex.reasons["cp"], ex.sources["cp"] = why, ag.source
+    elif p.cp > 1:  # ring attention: cp-1 K/V blocks forward, K/V and their gradients backward
         nodes, conc = placement(p.cp, p.tp, gpn)
         kv = rows * 2 * m.hidden * m.kv_heads / m.heads * act_b / p.tp
         send = pricer.price(Call("send", kv, 2, 2 if nodes > 1 else 1, conc if nodes > 1 else 1, wire))
@@ -460,4 +503,4 @@ def _memory(s: Setup, p: Parallel, split: tuple[int, ...]) -> dict[str, float]:
     return best
 
 
-__all__ = ["HEADROOM", "Setup", "dp_exposure", "exposure", "price_layout"]
+__all__ = ["CP_COMMS", "HEADROOM", "Setup", "dp_exposure", "exposure", "price_layout"]

@@ -1,0 +1,90 @@
+"""Costs of the step-time model that published runs showed were missing, each against an independent formula: FP8
+GEMMs at the FP8 peak (Transformer Engine, MLPerf's GPT-3), all-gather context parallelism exposed (Llama 3,
+section 3.3.2) and eager attention's score traffic (runs before FlashAttention)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commbench import cli
+from commbench.planning.calls import Call, Pricer
+from commbench.planning.compute import GPUS
+from commbench.planning.layout_plan import plan_layout
+from commbench.planning.presets import MODELS
+
+pytestmark = pytest.mark.timeout(120)
+
+GPT3 = MODELS["gpt3-175b"]
+
+
+def test_fp8_gemms_run_the_projections_and_mlp_at_the_fp8_peak() -> None:
+    kw = {"model_preset": "gpt3-175b", "gpu": "h100", "tp": 8, "pp": 8, "dp": 2, "global_batch": 64,
+          "kernel_efficiency": 0.6}  # fmt: skip
+    bf16 = plan_layout(**kw).iloc[0]  # type: ignore[arg-type]
+    fp8 = plan_layout(fp8_gemms=True, **kw).iloc[0]  # type: ignore[arg-type]
+    # Megatron's count per token and layer forward, GeLU MLP of 4h, kv = heads: 24 h^2 of GEMMs + 4 s h of core;
+    # three passes without recompute. Only the 24 h^2 part moves, from 989 to 1979 TFLOP/s (H100 datasheet, dense)
+    h = GPT3.hidden
+    tokens_per_gpu = GPT3.seq / 8  # micro-batch 1 over TP 8
+    mbs, layers_per_stage = 64 // 2, GPT3.layers / 8
+    gemm = 3 * 24 * h * h * tokens_per_gpu
+    want = mbs * layers_per_stage * gemm * (1 / (989e12 * 0.6) - 1 / (1979e12 * 0.6))
+    assert bf16["compute_s"] - fp8["compute_s"] == pytest.approx(want, rel=1e-9)
+    assert fp8["step_time_s"] < bf16["step_time_s"]
+    assert fp8["mfu"] == pytest.approx(bf16["mfu"] * bf16["step_time_s"] / fp8["step_time_s"])  # bf16 peak's MFU
+    with pytest.raises(ValueError, match="a100 has no float8 peak"):
+        plan_layout(fp8_gemms=True, **{**kw, "gpu": "a100"})  # type: ignore[arg-type]
+
+
+def test_all_gather_context_parallelism_is_exposed() -> None:
+    kw = {"model_preset": "llama3-70b", "gpu": "h100", "tp": 8, "cp": 4, "pp": 1, "dp": 1, "global_batch": 4,
+          "seq": 32768, "sequence_parallel": True, "kernel_efficiency": 0.6}  # fmt: skip
+    ring = plan_layout(**kw).iloc[0]  # type: ignore[arg-type]
+    ag = plan_layout(cp_comm="all_gather", **kw).iloc[0]  # type: ignore[arg-type]
+    m = MODELS["llama3-70b"]
+    # per layer and micro-batch: K and V of all cp ranks gathered (kv heads / TP of them, bf16), their gradients
+    # reduce-scattered in backward; the CP group spans 4 nodes (TP 8 fills each), 8 groups share each node's NICs
+    kv = 32768 * 2 * 128 * m.kv_heads * 2 / 8
+    pr = Pricer(GPUS["h100"], 8)
+    per_layer = pr.price(Call("all_gather", kv, 4, 4, 8)).mid + pr.price(Call("reduce_scatter", kv, 4, 4, 8)).mid
+    cp_ring = ring["comm_exposed_s"] - (ag["comm_exposed_s"] - 4 * m.layers * per_layer)
+    assert cp_ring == pytest.approx(0.0, abs=1e-9)  # the ring's K/V hide behind the attention core
+    assert "Llama 3" in ag["comm_exposure"] and "hidden behind the layer's attention core" in ring["comm_exposure"]
+    with pytest.raises(ValueError, match="unknown cp_comm 'tree'; valid: ring, all_gather"):
+        plan_layout(cp_comm="tree", **kw)  # type: ignore[arg-type]
+
+
+def test_eager_attention_pays_for_the_scores() -> None:
+    kw = {"model_preset": "gpt3-175b", "gpu": "a100", "tp": 8, "pp": 12, "dp": 1, "global_batch": 12,
+          "recompute": "full", "kernel_efficiency": 0.6}  # fmt: skip
+    flash = plan_layout(**kw).iloc[0]  # type: ignore[arg-type]
+    eager = plan_layout(attention="eager", **kw).iloc[0]  # type: ignore[arg-type]
+    # Korthikanti et al. 2022, eq. 1: the scores, their softmax and dropout mask and output are 5 a s^2 b bytes per
+    # layer (over TP), written and read once per pass (4 passes with full recompute) at 80 % of 2039 GB/s
+    a, s = GPT3.heads, GPT3.seq
+    per_layer = 5 * a * s * s / 8 * 2 * 4
+    want = 12 * GPT3.layers / 12 * per_layer / (0.8 * 2039e9)
+    assert eager["compute_s"] - flash["compute_s"] == pytest.approx(want, rel=1e-9)
+
+
+def test_cli_refuses_fp8_gemms_without_fp8_tensor_cores(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc = cli.main(["plan", "--model-preset", "gpt3-175b", "--gpu", "a100", "--tp", "8", "--pp", "12", "--dp", "1",
+                   "--global-batch", "12", "--fp8-gemms", "--out", str(tmp_path / "p")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no float8 peak" in err[0]
+
+
+def test_the_loss_over_the_vocabulary_is_memory_bound_on_the_last_stage() -> None:
+    kw = {"model_preset": "llama3-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 8, "global_batch": 32,
+          "kernel_efficiency": 0.6}  # fmt: skip
+    base = plan_layout(**kw).iloc[0]  # type: ignore[arg-type]
+    big = plan_layout(**{**kw, "vocab": 2 * 128256}).iloc[0]  # type: ignore[arg-type]
+    m = MODELS["llama3-8b"]
+    # doubling V adds the logits' GEMMs (2 h V per token forward, three passes) and Megatron's fp32 cross-entropy:
+    # cast 6, max 4, subtract 8, exp 8, sum 4, normalise 8, backward scale 8 and cast 6 bytes per logit, at 80 % of
+    # the H100's 3.35 TB/s; 4 micro-batches of 8192 tokens
+    tokens = 4 * m.seq
+    want = tokens * 128256 * (3 * 2 * m.hidden / (989e12 * 0.6) + 52 / (0.8 * 3350e9))
+    assert big["compute_s"] - base["compute_s"] == pytest.approx(want, rel=1e-9)
