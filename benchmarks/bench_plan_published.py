@@ -430,7 +430,7 @@ def fmt_s(t: float) -> str:
 def table(outcomes: Sequence[Outcome], k_by_gpu: dict[str, float | None]) -> list[str]:
     """The per-run Markdown table."""
     lines = ["| run | GPUs | TPxCPxPPxDP, b, B | role | kernel eff. | published step | predicted step [low, high] "
-             "| pred/pub | inside | plan: TFLOP/s, MFU, bubble, exposed comm |", "|" + "---|" * 10]  # fmt: skip
+             "| throughput pred/pub | inside | plan: TFLOP/s, MFU, bubble, exposed comm |", "|" + "---|" * 10]  # fmt: skip
     for o in outcomes:
         r = o.run
         k = k_by_gpu.get(r["gpu"])
