@@ -42,6 +42,7 @@ STABLE_NAMES = [
     "pp_gpipe_fp32", "pp_gpipe_bf16", "pp_1f1b_fp32", "pp_1f1b_bf16",
     "pp_interleaved_fp32", "pp_interleaved_bf16", "pp_izb_fp32", "pp_zbv_fp32",
     "pp_gpipe_bf16comm", "pp_1f1b_bf16comm", "pp_1f1b_fp16", "pp_1f1b_fp8comm",
+    "cp_fp32", "cp_bf16comm", "cp_bf16",
 ]  # fmt: skip
 TWO_D = {"tp_dp_fp32", "tp_dp_bf16"}  # TP x DP needs 4 ranks: at N = 2 a row that says why, nothing run
 # two stages per rank on 2 ranks are 4 stages, more than GPT's 2 blocks: under "all" a row that says why (a named
