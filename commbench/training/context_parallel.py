@@ -191,7 +191,9 @@ class ContextParallel(Sharding):
             logits = rank(xc)
         value = loss(logits, yc)
         (value * scale).backward()
-        _average_grads(rank)
+        from commbench.training.tp_pp_dp import average_local_grads
+
+        average_local_grads(rank, None)  # over the world
         return value.detach()
 
 
@@ -199,21 +201,6 @@ def _itemsize(name: str) -> int:
     import torch
 
     return int(torch.empty((), dtype=getattr(torch, name)).element_size())
-
-
-def _average_grads(model: nn.Module) -> None:
-    """The gradients all-reduced over the world as one flat buffer, then averaged."""
-    import torch
-    import torch.distributed as dist
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    for p, g in zip(params, _unflatten_dense_tensors(flat, grads), strict=True):
-        p.grad = g
 
 
 def _cp(name: str, description: str, wire: str, autocast: str | None = None) -> Policy:
