@@ -30,7 +30,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "precision": ("commbench.measure.precision", "commbench.measure.fp8_ops", "commbench.measure.raw_codec"),
     "codec": ("commbench.measure.fp8_ops", "commbench.measure.raw_codec"),
     "model": ("commbench.training.models",),
-    "policy": ("commbench.training.policies", "commbench.training.tensor_parallel", "commbench.training.pipeline_parallel"),
+    "policy": ("commbench.training.policies", "commbench.training.tensor_parallel", "commbench.training.pipeline_parallel",
+               "commbench.training.context_parallel", "commbench.training.tp_pp_dp"),
     "suite table": ("commbench.training.config",),
     "figure": ("commbench.views.plots",),
 }

@@ -45,6 +45,12 @@ class TrainingConfig:
         "whole world",
         least=0,
     )
+    cp_degree: int = count(
+        0,
+        "context-parallel degree of the cp_* policies (ranks per CP group, each holding seq_len / cp_degree tokens of "
+        "every sequence; the rest of the world is data parallel); 0: the whole world",
+        least=0,
+    )
     microbatches: int = count(4, "micro-batches per step of the pp_* policies (the per-rank batch is split into them)")
     virtual_stages: int = count(
         2, "stages per rank of the interleaved and zero-bubble pp_* schedules (v; GPipe and 1F1B run one)"
