@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.distutil import run_in_world
+from tests.unsplit import unsplit_reference
 
 SECTION = dict(
     model="gpt", batch_size=2, seq_len=8, d_model=16, n_layers=2, n_heads=2, vocab=32,
@@ -79,7 +80,6 @@ def _rank(rank: int, n: int, out: str) -> dict[str, Any]:
     import torch
 
     from commbench.training.config import TrainingConfig
-    from commbench.training.models import build_model, loss_fn, make_batch
     from commbench.training.policies import get_policy
     from commbench.training.runner import PolicySession
 
@@ -93,12 +93,7 @@ def _rank(rank: int, n: int, out: str) -> dict[str, Any]:
             run = sess.finish()
         res[name] = dict(calls=calls, counted=counted, expected=run.comm_expected, loss=run.steps[0].loss,
                          grad_norm=run.steps[0].grad_norm, parallelism=sess.policy.sharding.parallelism)  # fmt: skip
-    model = build_model(sec)
-    xs, ys = zip(*(make_batch(sec, r, 0, torch.device("cpu")) for r in range(n)), strict=True)
-    loss = loss_fn(model(torch.cat(xs)), torch.cat(ys))
-    loss.backward()
-    res["ref_loss"] = float(loss)
-    res["ref_grad_norm"] = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
+    model, res["ref_loss"], res["ref_grad_norm"] = unsplit_reference(sec, n)
     res["psi"] = sum(p.numel() for p in model.parameters())
     res["skip"] = (
         get_policy("cp_fp32").configure(TrainingConfig.coerce({**SECTION, "seq_len": 7})).sharding.layout_error(n)

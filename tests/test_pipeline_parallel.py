@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.distutil import run_in_world
+from tests.unsplit import unsplit_reference
 
 SECTION = dict(
     model="gpt", batch_size=2, seq_len=8, d_model=32, n_layers=4, n_heads=4, vocab=64,
@@ -97,7 +98,6 @@ def _rank(rank: int, n: int, layouts: tuple[Layout, ...], out: str | None = None
 
     from commbench.core import plugins
     from commbench.training.config import TrainingConfig
-    from commbench.training.models import build_model, loss_fn, make_batch
     from commbench.training.policies import get_policy
     from commbench.training.runner import PolicySession
 
@@ -122,12 +122,7 @@ def _rank(rank: int, n: int, layouts: tuple[Layout, ...], out: str | None = None
             )  # fmt: skip
     # The unsplit model, same seed (same weights), on the batches of every rank together.
     sec = TrainingConfig.coerce(SECTION)
-    model = build_model(sec)
-    xs, ys = zip(*(make_batch(sec, r, 0, torch.device("cpu")) for r in range(n)), strict=True)
-    loss = loss_fn(model(torch.cat(xs)), torch.cat(ys))
-    loss.backward()
-    res["ref_loss"] = float(loss)
-    res["ref_grad_norm"] = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
+    model, res["ref_loss"], res["ref_grad_norm"] = unsplit_reference(sec, n)
     res["stage_params"] = {pp: [_stage_params(model, p, pp) for p in range(pp)] for pp in (2, 4) if pp <= n}
     # layouts this world cannot form: every rank skips the policy with one line (run_training asks layout_error)
     # (what no world can run is refused when the suite loads: tests/test_training.py)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.distutil import run_in_world
+from tests.unsplit import unsplit_reference
 
 SECTION = dict(
     model="gpt", batch_size=1, seq_len=4, d_model=16, n_layers=2, n_heads=2, vocab=16, microbatches=2,
@@ -101,12 +102,7 @@ def _rank(rank: int, n: int, out: str) -> dict[str, Any]:
         run = sess.finish()
     res["session"] = dict(loss=run.steps[0].loss, grad_norm=run.steps[0].grad_norm, expected=run.comm_expected)
     # the unsplit model, same seed, on every rank's batch together
-    ref = build_model(sec)
-    xs, ys = zip(*(make_batch(sec, r, 0, cpu) for r in range(n)), strict=True)
-    ref_loss = loss_fn(ref(torch.cat(xs)), torch.cat(ys))
-    ref_loss.backward()
-    res["ref_loss"] = float(ref_loss.detach())
-    res["ref_grad_norm"] = float(torch.sqrt(sum((q.grad.double() ** 2).sum() for q in ref.parameters())))
+    ref, res["ref_loss"], res["ref_grad_norm"] = unsplit_reference(sec, n)
     order = torch.tensor(_qkv_order())
     errs = {}
     for name, p in ref.named_parameters():

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 class TPPPDP(PipelineParallel):
     """TP (`tp` ranks) inside each of `pp` pipeline stages, data parallel over the rest of the world (>= 2)."""
 
-    kind: str = "tp+pp+dp"
+    kind: str = "pp"  # a pipeline layout: under "all" its world-free refusals skip it while the PP policies run
     parallelism: str = "tp+pp+dp"
     tp: int = 2
     """Ranks per TP group (the suite's tp_degree; 0 there: 2)."""
