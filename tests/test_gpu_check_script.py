@@ -377,7 +377,8 @@ def test_training_layout_skips_of_a_one_rank_world() -> None:
     from commbench.training.policies import list_policies
 
     names = list_policies()
-    assert {p for p in names if p.startswith("pp_")} | {"tp_dp_fp32", "tp_dp_bf16"} == set(skips)
+    model_parallel = {p for p in names if p.startswith(("pp_", "cp_", "tp_pp_dp_"))}  # CP needs 2 ranks, 3-D 8
+    assert model_parallel | {"tp_dp_fp32", "tp_dp_bf16"} == set(skips)
     assert all(reason for reason in skips.values())
     frame = training_frame()
     rows = [{"policy": p, "error": f"{p} skipped: {why}"} for p, why in skips.items()]
