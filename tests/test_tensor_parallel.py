@@ -21,13 +21,13 @@ SECTION = dict(
 
 TP_POLICIES = (
     "tp_fp32", "tp_bf16", "tp_bf16comm", "tp_fp16", "tp_fp8comm", "tp_sp_fp32", "tp_sp_bf16", "tp_sp_fp8",
-    "tp_dp_fp32", "tp_dp_bf16",
+    "tp_dp_fp32", "tp_dp_bf16", "tp_vocab_fp32",
 )  # fmt: skip
-PROFILED = ("tp_fp16", "tp_fp8comm")
+PROFILED = ("tp_fp16", "tp_fp8comm", "tp_vocab_fp32")
 """Policies whose step is also profiled (torch.profiler on gloo): the trace's own collective events are the
 reference the counter's calls and sizes must equal."""
 TWO_D = ("tp_dp_fp32", "tp_dp_bf16")
-FP32_COMPUTE_EXACT = ("tp_fp32", "tp_sp_fp32", "tp_dp_fp32")
+FP32_COMPUTE_EXACT = ("tp_fp32", "tp_sp_fp32", "tp_dp_fp32", "tp_vocab_fp32")
 
 
 def _step(sess: Any, name: str, rank: int, trace_dir: str) -> str | None:
@@ -178,6 +178,14 @@ def _fsdp2(t: int, d: int, dtype: str = F32) -> dict[str, float]:
     return {f"all_gather:{dtype}": bus * gathered, f"reduce_scatter:{dtype}": bus * reduced}
 
 
+def _vocab(t: int) -> dict[str, float]:
+    """The vocabulary-parallel extras, fp32, 2(t-1)/t each: the token embedding's forward all-reduce and the head's
+    input-gradient all-reduce, b*s*h elements each, and loss_parallel's three forward all-reduces of b*s elements
+    (the row maxima, the sums of exponentials, the target logits)."""
+    tokens = SECTION["batch_size"] * t * SECTION["seq_len"]
+    return {"all_reduce:float": 2 * (t - 1) / t * (2 * tokens * SECTION["d_model"] + 3 * tokens) * 4}
+
+
 def _merge(*parts: dict[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     for p in parts:
@@ -198,6 +206,7 @@ def _expected(name: str, n: int, tp_degree: int) -> dict[str, float]:
         # the input gradients' all-reduces in bf16, the row-wise outputs through the fp8 codec
         "tp_fp8comm": _merge(_tp(n, sp=False, fwd_out=B16, col_in=B16, row_out=False), _fp8_all_reduces(n)),
         "tp_sp_fp32": _tp(n, sp=True, fwd_out=F32, col_in=F32),
+        "tp_vocab_fp32": _merge(_tp(n, sp=False, fwd_out=F32, col_in=F32), _vocab(n)),
         "tp_sp_bf16": _tp(n, sp=True, fwd_out=B16, col_in=F32),
         "tp_sp_fp8": _tp(n, sp=True, fwd_out=B16, col_in=B16, stream=B16, fp8_gather=True),
     }[name]
@@ -248,6 +257,8 @@ def test_tp_bytes_and_loss(nproc: int, world: Callable[[int], list[dict[str, Any
         layers = SECTION["n_layers"]
         assert r["tp_fp32"]["calls"] == {"all_reduce:float": 4 * layers}
         assert r["tp_bf16comm"]["calls"] == {"all_reduce:bfloat16": 4 * layers}
+        # + the embedding's, the head's and loss_parallel's three: the logits are never all-gathered
+        assert r["tp_vocab_fp32"]["calls"] == {"all_reduce:float": 4 * layers + 2 + 3}
 
 
 NCCL_NAMES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half", "uint8": "uint8"}

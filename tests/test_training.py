@@ -38,7 +38,7 @@ STABLE_NAMES = [
     "fsdp1_bf16",
     "zero1_fp32", "zero1_bf16", "zero2_fp32", "zero2_bf16", "zero3_fp32", "zero3_bf16",
     "tp_fp32", "tp_bf16", "tp_bf16comm", "tp_sp_fp32", "tp_sp_bf16", "tp_sp_fp8", "tp_dp_fp32", "tp_dp_bf16",
-    "tp_fp16", "tp_fp8comm",
+    "tp_fp16", "tp_fp8comm", "tp_vocab_fp32",
     "pp_gpipe_fp32", "pp_gpipe_bf16", "pp_1f1b_fp32", "pp_1f1b_bf16",
     "pp_interleaved_fp32", "pp_interleaved_bf16", "pp_izb_fp32", "pp_zbv_fp32",
     "pp_gpipe_bf16comm", "pp_1f1b_bf16comm", "pp_1f1b_fp16", "pp_1f1b_fp8comm",

@@ -5,11 +5,13 @@ or an fp8 codec, `tp_styles.py`), and 2-D TP x DP (FSDP2 over the data-parallel 
 Policies: tp_fp32; tp_bf16 (autocast bf16); tp_bf16comm (fp32 compute, TP collectives cast to bf16); tp_sp_fp32,
 tp_sp_bf16 (SP); tp_sp_fp8 (SP, the norm outputs all-gathered as fp8 e4m3 codes + scales, the rest bf16);
 tp_dp_fp32, tp_dp_bf16 (2-D); tp_fp16 (autocast fp16 + a ShardedGradScaler on the shards, `tp_scaling.py`);
-tp_fp8comm (fp32 compute, the row-wise outputs' all-reduces through the fp8 e4m3 codec, the rest bf16).
+tp_fp8comm (fp32 compute, the row-wise outputs' all-reduces through the fp8 e4m3 codec, the rest bf16);
+tp_vocab_fp32 (tp_fp32 plus a vocabulary-parallel embedding, head and loss, `vocab_parallel.py`).
 
 Per block, over the TP dimension of a `DeviceMesh`: `attn.qkv` and `fc` column-wise, `attn.proj` and `out` row-wise;
 with SP also the two LayerNorms (`SequenceParallel`): between the column/row pairs the residual stream is split
-over the ranks along the sequence. Embeddings, the final LayerNorm and the head stay plain replicated tensors. The
+over the ranks along the sequence. Embeddings, the final LayerNorm and the head stay plain replicated tensors
+(`tp_vocab_fp32`: the token embedding and head sharded along the vocabulary, `vocab_parallel.py`). The
 fused qkv Linear is sharded by heads: before `parallelize_module` its rows are reordered so that rank r's contiguous
 block of 3h/tp rows is [q, k, v] of heads r*H/tp .. (r+1)*H/tp - 1 (torch's Colwise on the fused weight would give
 rank 0 all of q and part of k), and each attention module computes with `n_heads / tp` heads.
@@ -30,6 +32,8 @@ samples of s tokens, hidden size h:
   slice, `Codec.wire_bytes`); a reduce codec (no SP) moves the row-wise outputs' forward all-reduces as the
   fp8_hook does (`hooks.codec_hook_bytes`: all_to_all of tp chunks of ceil(b*s*h/tp) elements as codes and,
   apart, fp32 scales, fp32 sum, re-encode, all_gather of the same);
+- vocabulary parallel (`tp_vocab_fp32`): the token embedding's forward all-reduce and the head's input-gradient
+  all-reduce, b*s*h fp32 elements each, and loss_parallel's three forward all-reduces of b*s fp32 elements;
 - a loss scaler (`tp_fp16`) adds its found-inf all-reduce, one fp32 element per step (`tp_scaling.py`);
 - 2-D (`dp` set): the TP part on each TP group (tokens: the group's micro-batch), plus FSDP2's all-gathers and
   reduce-scatters on each data-parallel group over the TP-local parameters (Psi/tp per rank: `describe` gives the
@@ -78,6 +82,8 @@ from commbench.training.strategies import (
 from commbench.training.tp_scaling import TPGradScaling
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     import torch.nn as nn
 
@@ -93,6 +99,10 @@ BLOCK_PLAN: tuple[tuple[str, str], ...] = (
     ("out", ROWWISE),
 )
 """The GPT block's Linears (`nets.Block`) and how each is split."""
+
+VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS = "vocab_emb", "vocab_head", "vocab_loss"
+"""`Layout.activations` entries of the vocabulary-parallel policy (`vocab_parallel.py`): the token embedding's
+forward all-reduce, the head's input-gradient all-reduce and loss_parallel's three all-reduces per token."""
 
 SP_NORMS: tuple[str, ...] = ("ln1", "ln2")
 """The GPT block's LayerNorms, sequence parallel under SP."""
@@ -185,15 +195,23 @@ class TensorParallel(Sharding):
     """Tokens per sample, for the layout check (set by `configure`; 0: not checked)."""
     n_heads: int = 0
     """Attention heads, for the layout check (set by `configure`; 0: checked when wrapping)."""
+    vocab: int = 0
+    """Vocabulary, for the vocabulary-parallel layout check (set by `configure`; 0: checked when wrapping)."""
+    vocab_parallel: bool = False
+    """Token embedding and head sharded along the vocabulary, the loss under `loss_parallel` (`vocab_parallel.py`);
+    1-D without SP only."""
 
     def __post_init__(self) -> None:
         if self.reduce_codec and self.sequence_parallel:
             raise ValueError("TensorParallel: reduce_codec replaces the row-wise all-reduce, which SP does not run")
         if self.gather_codec and not self.sequence_parallel:
             raise ValueError("TensorParallel: gather_codec replaces SP's all-gather; set sequence_parallel")
+        if self.vocab_parallel and (self.sequence_parallel or self.dp is not None):
+            raise ValueError("TensorParallel: vocab_parallel is 1-D tensor parallelism without SP")
 
     def configure(self, section: Any) -> TensorParallel:
-        return replace(self, tp=int(section.tp_degree), seq_len=int(section.seq_len), n_heads=int(section.n_heads))
+        return replace(self, tp=int(section.tp_degree), seq_len=int(section.seq_len), n_heads=int(section.n_heads),
+                       vocab=int(section.vocab))  # fmt: skip
 
     def degree(self, world_size: int) -> int:
         """Ranks of one TP group."""
@@ -216,6 +234,10 @@ class TensorParallel(Sharding):
             )
         if self.sequence_parallel and seq_len and seq_len % tp:
             return f"sequence parallelism needs seq_len divisible by the TP degree {tp}; seq_len={seq_len}"
+        if self.vocab_parallel and self.vocab:
+            from commbench.training.vocab_parallel import vocab_error
+
+            return vocab_error(self.vocab, tp)
         return None
 
     def layout_error(self, world_size: int, nodes: int = 1) -> str | None:
@@ -269,6 +291,10 @@ class TensorParallel(Sharding):
         if self.sequence_parallel and blocks(model):
             width = int(_sub(blocks(model)[0], "attn.qkv").in_features)
             out.extend(((SEQ_SPLIT, width), (SEQ_GATHER, width)))
+        if self.vocab_parallel:
+            from commbench.training.vocab_parallel import vocab_activations
+
+            out.extend(vocab_activations(model))
         return tuple(out)
 
     def describe(self, model: nn.Module) -> tuple[UnitShape, ...]:
@@ -331,6 +357,10 @@ class TensorParallel(Sharding):
             if self.sequence_parallel:
                 plan.update({name: SequenceParallel() for name in SP_NORMS})
             parallelize_module(b, mesh, plan)
+        if self.vocab_parallel:
+            from commbench.training.vocab_parallel import parallelize_vocab
+
+            parallelize_vocab(model, mesh)
         if self.sequence_parallel:
             from commbench.measure.precision import torch_dtype
             from commbench.training.tp_styles import reduce_norm_grads, sequence_region
@@ -347,6 +377,24 @@ class TensorParallel(Sharding):
                 fully_shard(b, mesh=mesh2["dp"], mp_policy=mp)
             fully_shard(model, mesh=mesh2["dp"], mp_policy=mp)
         return model
+
+    def pipeline_step(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        scale: float,
+        autocast: Callable[[], Any],
+        scaler: Any = None,
+    ) -> torch.Tensor | None:
+        """Vocabulary parallel: forward, the loss and backward under `loss_parallel` (`vocab_parallel.py`)."""
+        if not self.vocab_parallel:
+            return None
+        from commbench.training.vocab_parallel import vocab_parallel_step
+
+        return vocab_parallel_step(model, x, y, scale=scale, autocast=autocast, scaler=scaler)
 
     def _optimizer(self, params: list[Any], lr: float) -> Any:
         import torch
@@ -376,6 +424,8 @@ class TensorParallel(Sharding):
             elems = tokens * features
             if style == NORM_GRAD:
                 add("all_reduce", FP32, ar, features)
+            elif style in (VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS):  # fp32: the embedding, ln_f's output, the loss
+                add("all_reduce", FP32, ar, elems)
             elif style in (SEQ_SPLIT, SEQ_GATHER):
                 add("all_gather", stream, ag, elems)
             elif not self.sequence_parallel and style == ROWWISE and self.reduce_codec:
@@ -522,6 +572,14 @@ _POLICIES = (
         description=f"{_TP}, fp32 compute; row-wise outputs all-reduced as fp8 e4m3 codes + scales (the fp8_hook's "
         "all_to_all, fp32 sum, re-encode, all_gather), the input gradients' all-reduces in bf16",
         sharding=TensorParallel(comm_cast_name=BF16, reduce_codec="fp8_e4m3"),
+        reference="tp_fp32",
+    ),
+    Policy(
+        name="tp_vocab_fp32",
+        family="tp",
+        description=f"{_TP}, fp32, plus the token embedding and head sharded along the vocabulary and the "
+        "cross-entropy under loss_parallel (Megatron-LM, torchtitan): full logits never gathered",
+        sharding=TensorParallel(vocab_parallel=True),
         reference="tp_fp32",
     ),
 )
