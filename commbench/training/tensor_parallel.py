@@ -80,6 +80,7 @@ from commbench.training.strategies import (
     merge_bytes,
 )
 from commbench.training.tp_scaling import TPGradScaling
+from commbench.training.vocab_parallel import VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -100,9 +101,6 @@ BLOCK_PLAN: tuple[tuple[str, str], ...] = (
 )
 """The GPT block's Linears (`nets.Block`) and how each is split."""
 
-VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS = "vocab_emb", "vocab_head", "vocab_loss"
-"""`Layout.activations` entries of the vocabulary-parallel policy (`vocab_parallel.py`): the token embedding's
-forward all-reduce, the head's input-gradient all-reduce and loss_parallel's three all-reduces per token."""
 
 SP_NORMS: tuple[str, ...] = ("ln1", "ln2")
 """The GPT block's LayerNorms, sequence parallel under SP."""

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     import torch
     import torch.nn as nn
 
+VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS = "vocab_emb", "vocab_head", "vocab_loss"
+"""`Layout.activations` entries of the vocabulary-parallel policy: the token embedding's forward all-reduce, the
+head's input-gradient all-reduce and loss_parallel's three all-reduces per token (priced in `tensor_parallel.py`)."""
 LOSS_ALL_REDUCES = 3
 """loss_parallel's all-reduces per token in the forward: max, sum of exponentials, target logit
 (`torch/distributed/tensor/parallel/loss.py`: `_log_softmax`, `_nll_loss_forward`)."""
@@ -32,8 +35,6 @@ LOSS_ALL_REDUCES = 3
 
 def vocab_activations(model: nn.Module) -> tuple[tuple[str, int], ...]:
     """`Layout.activations` entries (features per token) of the vocabulary-parallel collectives."""
-    from commbench.training.tensor_parallel import VOCAB_EMB, VOCAB_HEAD, VOCAB_LOSS
-
     tok: Any = model.tok
     width = int(tok.embedding_dim)
     return ((VOCAB_EMB, width), (VOCAB_HEAD, width), (VOCAB_LOSS, LOSS_ALL_REDUCES))
