@@ -578,7 +578,6 @@ _POLICIES = (
         description=f"{_TP}, fp32, plus the token embedding and head sharded along the vocabulary and the "
         "cross-entropy under loss_parallel (Megatron-LM, torchtitan): full logits never gathered",
         sharding=TensorParallel(vocab_parallel=True),
-        reference="tp_fp32",
     ),
 )
 for _p in _POLICIES:
