@@ -131,8 +131,9 @@ def test_report_from_real_training_run(tmp_path_factory: pytest.TempPathFactory,
 
 
 def test_hostile_metadata_is_escaped(tmp_path: Path) -> None:
+    # no training rows: the hostile strings live in the metadata and the collectives' rows (fewer figures to draw)
     run = fabricate_run(
-        tmp_path / "<b>run</b>", host=HOSTILE, meta_extra={"device_name": "<img src=x onerror=alert(1)>"}
+        tmp_path / "<b>run</b>", host=HOSTILE, training=False, meta_extra={"device_name": "<img src=x onerror=alert(1)>"}
     )
     out = report.write_report(run)
     html = out["html"].read_text()
@@ -218,7 +219,7 @@ def test_a_figure_registered_here_appears_in_the_report(tmp_path: Path) -> None:
         return fig
 
     try:
-        out = report.write_report(fabricate_run(tmp_path / "run"))
+        out = report.write_report(fabricate_run(tmp_path / "run", training=False))  # the toy figure is the collectives'
         empty = report.write_report(fabricate_run(tmp_path / "empty", results=False, training=False))
     finally:
         plots.FIGURES.unregister("toy_points")
@@ -409,7 +410,7 @@ def test_a_plugins_figure_is_drawn_and_views_import_no_torch_distributed(tmp_pat
     import sys
 
     (tmp_path / "toy_figure_plugin.py").write_text(TOY_PLUGIN)
-    run = fabricate_run(tmp_path / "run")
+    run = fabricate_run(tmp_path / "run", training=False)  # the plugin's figure is drawn from the collectives' rows
     env = {**os.environ, "COMMBENCH_PLUGINS": "toy_figure_plugin"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
     done = subprocess.run(

@@ -30,7 +30,8 @@ def test_files_honour_umask(tmp_path: Path, mask: int) -> None:
 
     old = os.umask(mask)
     try:
-        run = fabricate_run(tmp_path / "run")
+        # no rows: the report writes its html and md without figures (their modes are matplotlib's, not ours)
+        run = fabricate_run(tmp_path / "run", results=False, training=False)
         w = RunWriter(tmp_path / "new")
         w.write_metadata({"schema_version": 2})
         w.add_rows("results", fabricate_rows().head(2).to_dict("records"))
@@ -47,8 +48,11 @@ def test_files_honour_umask(tmp_path: Path, mask: int) -> None:
 def test_unfinished_run_report_says_so_at_the_top(tmp_path: Path) -> None:
     from commbench.views.report import write_report
 
-    done = write_report(fabricate_run(tmp_path / "done"))
-    unfinished = write_report(fabricate_run(tmp_path / "open", meta_extra={"end_time": None}))
+    # the banner is the metadata's (no end time), so runs without rows, hence without figures, show it
+    done = write_report(fabricate_run(tmp_path / "done", results=False, training=False))
+    unfinished = write_report(
+        fabricate_run(tmp_path / "open", results=False, training=False, meta_extra={"end_time": None})
+    )
     assert "Unfinished run" not in done["html"].read_text()
     for kind, first_section in (("html", 'id="metadata"'), ("md", "## Metadata")):
         text = unfinished[kind].read_text()
