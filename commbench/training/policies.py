@@ -127,7 +127,7 @@ class Policy:
         out = [self.sharding.comm_underflow(self.grad_comm)]
         if self.autocast_name is not None:
             out.append(DTYPE_UNDERFLOW[self.autocast_name])
-        out.extend(DTYPE_UNDERFLOW[d] for d in self.sharding.grad_dtype_names())
+        out.extend(self.sharding.grad_underflows())
         return out
 
     @property
