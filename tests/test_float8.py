@@ -212,7 +212,11 @@ def test_formula_without_a_model_and_the_underflow_it_declares() -> None:
     p = get_policy("fsdp2_float8")
     psi, n = 1 << 20, 4
     assert p.comm_bytes(psi=psi, world_size=n) == pytest.approx(
-        {"all_gather:f8e4m3": 2 * psi * 3 / 4, "reduce_scatter:float": 4 * psi * 3 / 4, "all_reduce:float": 2 * 3 / 4 * 4}
+        {
+            "all_gather:f8e4m3": 2 * psi * 3 / 4,
+            "reduce_scatter:float": 4 * psi * 3 / 4,
+            "all_reduce:float": 2 * 3 / 4 * 4,
+        }
     )
     assert p.comm_bytes(psi=psi, world_size=1) == {}
     assert p.underflow.relative == 2.0**-17 / 57344 and p.underflow.absolute == 0.0

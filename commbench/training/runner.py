@@ -43,8 +43,8 @@ from commbench.core.records import TrainingStep, TrainingSummary
 from commbench.training.config import TrainingConfig
 from commbench.training.policies import BASELINE, Policy, get_policy
 from commbench.training.records import PolicyRun, StepRecord, build_rows, error_row, reference_of, skip_error
-from commbench.training.sharding import Sharding
 from commbench.training.session import Nodes, PolicySession, Wrapped, fsdp_units, run_policy
+from commbench.training.sharding import Sharding
 
 PolicyFailed = RanksFailed
 """Raised on every rank when a policy failed on some: `failures` names each rank that failed first and its error."""

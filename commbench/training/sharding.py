@@ -142,6 +142,7 @@ class Sharding(ABC):
     def after_optimizer_step(self, model: nn.Module) -> None:
         """What the wrapped `model` needs after every optimizer step, inside the step (torchao's float8 scales for
         the next all-gathers). Default: nothing."""
+        return None
 
     def bucket_numels(self, wrapped: nn.Module) -> list[int]:
         """DDP's bucket sizes of a wrapped model (elements), or [] where there are none."""
