@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.distutil import run_in_world
+from tests.profiled import profiled_step, traced_calls
 
 SECTION = dict(
     model="gpt", batch_size=2, seq_len=8, d_model=32, n_layers=2, n_heads=4, vocab=64,
@@ -34,19 +35,10 @@ def _step(sess: Any, name: str, rank: int, trace_dir: str) -> str | None:
     """Step 0 of `sess`; profiled for the `PROFILED` policies (the trace's path returned, else None)."""
     from pathlib import Path
 
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     if name not in PROFILED:
         sess.instrumented_step(0)
         return None
-    path = Path(trace_dir) / name / f"rank{rank}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        with torch.profiler.record_function("ProfilerStep#0"):
-            sess.instrumented_step(0)
-    prof.export_chrome_trace(str(path))
-    return str(path)
+    return profiled_step(lambda: sess.instrumented_step(0), Path(trace_dir) / name / f"rank{rank}.json")
 
 
 def _rank(rank: int, n: int, tp_degree: int, trace_dir: str) -> dict[str, Any]:
@@ -261,30 +253,16 @@ def test_tp_bytes_and_loss(nproc: int, world: Callable[[int], list[dict[str, Any
         assert r["tp_vocab_fp32"]["calls"] == {"all_reduce:float": 4 * layers + 2 + 3}
 
 
-NCCL_NAMES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half", "uint8": "uint8"}
-
-
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("name", PROFILED)
 def test_profiler_events_equal_the_counter(name: str, world: Callable[[int], list[dict[str, Any]]]) -> None:
     """torch.profiler's own collective events of the step (gloo's `record_param_comms`) against the counter: the same
     calls and nccl-tests sizes per op and dtype. With the formula test above, the formula is the profiler's too."""
-    from collections import defaultdict
-    from pathlib import Path
-
-    from commbench.store.traces import read_trace, step_calls
-
     for rank, r in enumerate(world(2)):
         got = r[name]
-        trace = read_trace(Path(got["trace"]))
-        calls: dict[str, int] = defaultdict(int)
-        sizes: dict[str, int] = defaultdict(int)
-        for c in step_calls(trace, 0):
-            key = f"{c.collective}:{NCCL_NAMES.get(c.dtype, c.dtype)}"
-            calls[key] += 1
-            sizes[key] += c.size_bytes
-        assert dict(calls) == got["calls"], (rank, name)
-        assert dict(sizes) == got["sizes"], (rank, name)
+        calls, sizes, trace = traced_calls(got["trace"])
+        assert calls == got["calls"], (rank, name)
+        assert sizes == got["sizes"], (rank, name)
         assert trace.world_size == 2 and trace.backend == "gloo" and all(c.group == (0, 1) for c in trace.calls)
     if name == "tp_fp8comm":  # the codec's codes and scales are on the wire, nothing of the row-wise outputs in fp32
         assert {"all_to_all:uint8", "all_to_all:float", "all_gather:uint8"} <= set(got["calls"])

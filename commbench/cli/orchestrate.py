@@ -369,13 +369,16 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
 
 
 def model_parallel_skipped(rows: list[dict[str, Any]]) -> str:
-    """One line when the rows hold tensor/pipeline-parallel policies and every one of them was skipped (its
-    `error` set), else "": such a run did not measure what it was asked to and exits non-zero."""
-    mp = [r for r in rows if str(r.get("parallelism") or "dp") != "dp"]
+    """One line when the rows hold tensor/pipeline-parallel policies, or policies skipped before they ran (a package
+    or device they need: fsdp2_float8), and every one of them was skipped (its `error` set), else "": such a run did
+    not measure what it was asked to and exits non-zero."""
+    from commbench.training.records import skipped_before_running
+
+    mp = [r for r in rows if str(r.get("parallelism") or "dp") != "dp" or skipped_before_running(r)]
     if not mp or any(not r.get("error") for r in mp):
         return ""
     names = ", ".join(str(r["policy"]) for r in mp)
-    return f"every requested tensor/pipeline-parallel policy was skipped ({names}); see their rows' error"
+    return f"every requested tensor/pipeline-parallel or hardware-bound policy was skipped ({names}); see their rows' error"
 
 
 def _run_training(suite: SuiteConfig, d: Any, writer: Any, *, quiet: bool = False) -> str:

@@ -31,7 +31,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "codec": ("commbench.measure.fp8_ops", "commbench.measure.raw_codec"),
     "model": ("commbench.training.models",),
     "policy": ("commbench.training.policies", "commbench.training.tensor_parallel", "commbench.training.pipeline_parallel",
-               "commbench.training.context_parallel", "commbench.training.tp_pp_dp"),
+               "commbench.training.context_parallel", "commbench.training.tp_pp_dp", "commbench.training.float8"),
     "suite table": ("commbench.training.config",),
     "figure": ("commbench.views.plots",),
 }

@@ -4,7 +4,7 @@ model's activation `Layout` and the blocks of a model as the wrappers see it (se
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +124,8 @@ class UnitShape:
     """The root unit: stays gathered from forward to backward (all-gathered once per step)."""
     keep_fp32: bool = False
     """Kept in fp32 under mixed precision (BatchNorm, as FSDP1's MixedPrecision does by default)."""
+    float8: tuple[bool, ...] = ()
+    """Per shape: the parameter is all-gathered as float8 (a float8 Linear's weight); empty: none is."""
 
 
 class GatherReduceDtypes:
@@ -188,14 +190,16 @@ def batchnorms(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
-def unit_shapes(model: nn.Module, split_batchnorm: bool) -> tuple[UnitShape, ...]:
-    """The units FSDP wraps: BatchNorms (when kept in fp32 under mixed precision), blocks, then the root."""
+def unit_shapes(model: nn.Module, split_batchnorm: bool, float8: Collection[int] = ()) -> tuple[UnitShape, ...]:
+    """The units FSDP wraps: BatchNorms (when kept in fp32 under mixed precision), blocks, then the root; `float8`:
+    the ids of the parameters gathered as float8."""
     taken: set[int] = set()
     out: list[UnitShape] = []
 
     def unit(ps: list[Any], **kw: bool) -> None:
         taken.update(id(p) for p in ps)
-        out.append(UnitShape(tuple(tuple(p.shape) for p in ps), **kw))
+        low = tuple(id(p) in float8 for p in ps) if float8 else ()
+        out.append(UnitShape(tuple(tuple(p.shape) for p in ps), float8=low, **kw))
 
     for bn in batchnorms(model) if split_batchnorm else []:  # innermost first: they leave their block's unit
         unit([p for p in bn.parameters() if id(p) not in taken], keep_fp32=True)

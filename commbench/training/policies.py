@@ -23,6 +23,8 @@ FSDP2 (family "fsdp2": `fully_shard` per block then the root, `MixedPrecisionPol
   fsdp2_bf16_fp32reduce  params bf16, gradient reduce-scatter fp32
   fsdp2_bf16             params bf16, reduce-scatter bf16
   fsdp2_fp16_scaler      params fp16, reduce-scatter fp16, ShardedGradScaler
+  fsdp2_float8           torchao float8 Linears, weights all-gathered in float8, reduce-scatter fp32 (`float8.py`;
+                         needs torchao, and sm_89+ on CUDA)
 HSDP (family "hsdp": FSDP2 on a (nodes x ranks-per-node) mesh: shard within a node, replicate across nodes;
 only the gradient shards' all-reduce crosses nodes; on one node it is FSDP2):
   hsdp_fp32              fp32 throughout
@@ -127,7 +129,7 @@ class Policy:
         out = [self.sharding.comm_underflow(self.grad_comm)]
         if self.autocast_name is not None:
             out.append(DTYPE_UNDERFLOW[self.autocast_name])
-        out.extend(DTYPE_UNDERFLOW[d] for d in self.sharding.grad_dtype_names())
+        out.extend(self.sharding.grad_underflows())
         return out
 
     @property

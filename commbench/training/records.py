@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,6 +268,17 @@ def _base_numbers(baseline: PolicyRun, section: TrainingConfig, n: int) -> dict[
         "mem": baseline.peak_mem_bytes,
         "comm": sum(mean_comm(measured).values()),
     }
+
+
+def skip_error(name: str, reason: str) -> str:
+    """The `error` of a policy skipped before it ran, on every rank (a layout the world cannot form, a package or
+    device the policy needs): one line with the reason."""
+    return f"{name} skipped: {reason}"
+
+
+def skipped_before_running(row: Mapping[str, Any]) -> bool:
+    """Whether a training row (as a dict) is of a policy skipped before it ran (`skip_error`), not one that failed."""
+    return str(row.get("error") or "").startswith(skip_error(str(row.get("policy")), ""))
 
 
 def error_row(

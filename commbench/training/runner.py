@@ -42,8 +42,9 @@ from commbench.cluster.failures import POLL_S, FailureBoard, RanksFailed
 from commbench.core.records import TrainingStep, TrainingSummary
 from commbench.training.config import TrainingConfig
 from commbench.training.policies import BASELINE, Policy, get_policy
-from commbench.training.records import PolicyRun, StepRecord, build_rows, error_row, reference_of
+from commbench.training.records import PolicyRun, StepRecord, build_rows, error_row, reference_of, skip_error
 from commbench.training.session import Nodes, PolicySession, Wrapped, fsdp_units, run_policy
+from commbench.training.sharding import Sharding
 
 PolicyFailed = RanksFailed
 """Raised on every rank when a policy failed on some: `failures` names each rank that failed first and its error."""
@@ -69,6 +70,14 @@ def _destroy_groups_since(before: set[str]) -> None:
     that still holds them (DDP reducers, FSDP states) is collected."""
     gc.collect()
     compat.destroy_groups_since(before)
+
+
+def _agreed_environment_error(sharding: Sharding, device: torch.device, n: int) -> str | None:
+    """`Sharding.environment_error` agreed by every rank (one object all-gather, before the policy's counting): the
+    lowest rank's reason where any rank has one, so all skip together rather than some waiting in a collective."""
+    every: list[Any] = [None] * n
+    dist.all_gather_object(every, sharding.environment_error(device))
+    return next((str(r) for r in every if r), None)
 
 
 def run_training(
@@ -143,10 +152,12 @@ def run_training(
         for name in names:
             policy = get_policy(name)
             report = rank == 0 and name not in skip
-            reason = policy.configure(sec).sharding.layout_error(n, nodes.count)
-            if reason:  # the world cannot form the layout: one line, nothing run (the same answer on every rank)
+            sharding = policy.configure(sec).sharding
+            # the world cannot form the layout (the same answer on every rank), or some rank cannot run it: one line
+            reason = sharding.layout_error(n, nodes.count) or _agreed_environment_error(sharding, device, n)
+            if reason:
                 if report:
-                    report_row(error_row(policy, sec, n, backend, device, f"{name} skipped: {reason}", agreed_failure=False), [])
+                    report_row(error_row(policy, sec, n, backend, device, skip_error(name, reason), agreed_failure=False), [])
                 continue
             before = compat.group_names()
             try:

@@ -208,24 +208,25 @@ class PolicySession:
             w.model, x, y, loss=loss_fn, scale=self.mult, autocast=self._autocast, scaler=w.scaler
         )
         if stepped is not None:
-            if w.scaler is not None:
-                w.scaler.step(w.optimizer)
-                w.scaler.update()
-            else:
-                w.optimizer.step()
+            self._optimizer_step()
             return stepped.detach()
 
         with self._autocast():
             logits = w.model(x)
         loss = loss_fn(logits, y)
+        (w.scaler.scale(loss * self.mult) if w.scaler is not None else loss * self.mult).backward()
+        self._optimizer_step()
+        return loss.detach()
+
+    def _optimizer_step(self) -> None:
+        """The optimizer step (through the loss scaler, if any), then what the sharding needs after it."""
+        w = self.w
         if w.scaler is not None:
-            w.scaler.scale(loss * self.mult).backward()
             w.scaler.step(w.optimizer)
             w.scaler.update()
         else:
-            (loss * self.mult).backward()
             w.optimizer.step()
-        return loss.detach()
+        self.policy.sharding.after_optimizer_step(w.model)
 
     def bare_step(self, s: int) -> None:
         """The step as a user's loop runs it: no clock, no counting, no statistics."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from commbench.training.gradcomm import ALL_REDUCE, GradComm
 from commbench.training.layouts import (
     ADAM_FP32,
+    DTYPE_UNDERFLOW,
     INTER,
     INTRA,
     NO_LAYOUT,
@@ -132,6 +133,17 @@ class Sharding(ABC):
         reason instead of running it. Default: every world works."""
         return None
 
+    def environment_error(self, device: torch.device) -> str | None:
+        """Why this installation or this rank's `device` cannot run this sharding (one line: an optional package
+        missing, a GPU too old), or None. Asked before the model is built, after `layout_error`; the runner agrees
+        the answer across ranks and skips the policy with it. Default: everywhere."""
+        return None
+
+    def after_optimizer_step(self, model: nn.Module) -> None:
+        """What the wrapped `model` needs after every optimizer step, inside the step (torchao's float8 scales for
+        the next all-gathers). Default: nothing."""
+        return None
+
     def bucket_numels(self, wrapped: nn.Module) -> list[int]:
         """DDP's bucket sizes of a wrapped model (elements), or [] where there are none."""
         return []
@@ -213,6 +225,11 @@ class Sharding(ABC):
         """torch's names of the dtypes the gradients pass through in this wrapper's own arithmetic (beyond
         autocast and comm)."""
         return ()
+
+    def grad_underflows(self) -> tuple[Underflow, ...]:
+        """What the gradients lose in this wrapper's own arithmetic: a cast to each of `grad_dtype_names`, and
+        whatever else the wrapper computes in (a scaled float8 cast)."""
+        return tuple(DTYPE_UNDERFLOW[d] for d in self.grad_dtype_names())
 
     @property
     def replicated_grads(self) -> bool:

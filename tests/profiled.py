@@ -1,0 +1,40 @@
+"""torch.profiler's own record of one training step: the reference a policy's counted collectives are compared with
+(the calls and nccl-tests sizes per op and dtype of gloo's `record_param_comms` events, read by commbench's own
+trace reader)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+NCCL_NAMES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half", "uint8": "uint8"}
+"""The trace's dtype names as the counter's keys spell them (nccl-tests' names)."""
+
+
+def profiled_step(step: Callable[[], None], path: Path, index: int = 0) -> str:
+    """Run `step` under torch.profiler as `ProfilerStep#index`; its Chrome trace written to `path` (returned)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with torch.profiler.record_function(f"ProfilerStep#{index}"):
+            step()
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+def traced_calls(path: str, index: int = 0) -> tuple[dict[str, int], dict[str, int], Any]:
+    """(calls, nccl-tests size bytes) by "op:dtype" of the trace's step `index`, and the trace itself."""
+    from commbench.store.traces import read_trace, step_calls
+
+    trace = read_trace(Path(path))
+    calls: dict[str, int] = defaultdict(int)
+    sizes: dict[str, int] = defaultdict(int)
+    for c in step_calls(trace, index):
+        key = f"{c.collective}:{NCCL_NAMES.get(c.dtype, c.dtype)}"
+        calls[key] += 1
+        sizes[key] += c.size_bytes
+    return dict(calls), dict(sizes), trace
