@@ -25,7 +25,8 @@ from tests.test_fp8_codec import same_floats
 CPU = torch.device("cpu")
 CASES = [  # (codec, packed, n, m): short last block + misaligned packed scales; aligned; unscaled
     ("fp8_e4m3:block7", True, 3, 1030),
-    ("fp8_e5m2", True, 4, 256),  # scale bytes float-aligned in the packed wire: read in place
+    ("fp8_e5m2", True, 2, 2 * fused._AMAX_SPLIT + 16),  # a split whole-row amax with a tail; scale bytes
+    # float-aligned in the packed wire: read in place
     ("fp8_e4m3:none", False, 2, 64),
 ]
 
@@ -204,3 +205,41 @@ def test_path_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         fused.reset()
         fp8.use_fused(None)
+
+
+def test_graph_inputs_are_tensors_and_their_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every graph of every format x scaling takes only its tensors and their sizes, strides and offsets as inputs: an int the graph
+    reads from a closure (the format's exponent, a block length) would be a symbol under ``dynamic=True``, on
+    Triton a 64-bit kernel argument that turned the scale's integer arithmetic 64-bit and failed to compile
+    ("Cannot bitcast data-type of size 64 to data-type of size 32", seen on an H200). Traced here with a backend
+    that records the placeholders and runs the graph as it is (no inductor), so it costs no compile."""
+    seen: list[tuple[str, str]] = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                src = node.meta["grapharg"].source.name
+                seen.append((type(node.meta["example_value"]).__name__, src() if callable(src) else src))
+        return gm
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **k: real(fn, backend=recording, **k))
+    fused.reset()
+    fp8.use_kernel(False)
+    try:
+        fp8.use_fused(True)
+        for name in ("fp8_e4m3", "fp8_e5m2:block32", "fp8_e4m3:none"):
+            n, m = 2, fused._AMAX_SPLIT + 40
+            w = ChunkWire(get_codec(name), n, m, CPU, True)
+            w.encode_chunks(special_rows(n, m, seed=3).flatten())
+            w.decode_chunks(torch.empty(n * m))
+            w.decode_chunks(torch.empty(m), reduce=True)
+        compiled = len(fused.COMPILE_S)
+    finally:
+        fused.reset()
+        fp8.use_fused(None)
+        fp8.use_kernel(True)
+    assert compiled == 9 and seen, (compiled, seen)
+    tensor_facts = (".size()", ".stride()", ".storage_offset()")
+    loose = [(kind, src) for kind, src in seen if kind != "FakeTensor" and not any(t in src for t in tensor_facts)]
+    assert not loose, loose

@@ -5,7 +5,7 @@ Why: the eager path is a handful of torch ops, each a pass over memory: counted 
 read and written per element to encode e4m3 with a scale (31 unscaled e5m2) and 13 to decode, so on a GPU it runs at
 a quarter of copy bandwidth. One graph lets inductor fuse the abs-max, the scale, the cast and the packing of the
 codes and scales into one kernel per encode (a block's amax is a per-row reduction in the same kernel; one
-scale per tensor needs a reduction over the whole chunk first), and the unpacking, the scale, the cast and the
+scale per tensor needs a split reduction over the whole chunk first: :func:`_row_amax`), and the unpacking, the scale, the cast and the
 all_reduce's fp32 sum of the k decoded chunks into one kernel per decode: 4 + 1 (+ 4 for a whole-tensor amax)
 bytes per element to encode, 1 + 4 to decode and 1 + 4/k to decode and sum k chunks, plus 4 bytes per scale:
 what ``benchmarks/bench_codec_launches.py`` counts.
@@ -57,6 +57,9 @@ ENV = "COMMBENCH_FP8_FUSED"
 _SEQUENTIAL_MAX = 64
 """Chunks up to which the decode's sum is written as a chain of adds (source order, one fused kernel); above, one
 ``sum`` over the chunk dimension in the graph (the compiled code's order)."""
+
+_AMAX_SPLIT = 4096
+"""Elements per partial maximum of a whole-row (tensor-scaled) amax: :func:`_row_amax`."""
 
 Graph = Callable[..., None]
 
@@ -219,7 +222,10 @@ def _scale_fn(f: Fp8Format) -> Callable[[torch.Tensor], torch.Tensor]:
     mb = _bits_of(f.max)
     e_max, mant_max = (mb >> 23) - 127, mb & 0x7FFFFF
 
-    def scale(amax: torch.Tensor) -> torch.Tensor:
+    # the format's constants as defaults: dynamo specialises an inlined function's default ints, where it would
+    # make closure ints symbolic under dynamic=True (on Triton a 64-bit kernel argument, and then a shift whose
+    # bits cannot be reinterpreted as float32)
+    def scale(amax: torch.Tensor, e_max: int = e_max, mant_max: int = mant_max) -> torch.Tensor:
         bits = amax.view(torch.int32)
         k = (bits >> 23) - (127 + e_max) + ((bits & 0x7FFFFF) > mant_max).to(torch.int32)
         s = ((k.clamp(K_MIN, K_MAX) + 127) << 23).view(torch.float32)
@@ -255,6 +261,21 @@ def _parts(m: int, run: int) -> list[tuple[int, int, int, int]]:
     return parts
 
 
+def _row_amax(x: torch.Tensor, k: int, m: int) -> torch.Tensor:
+    """The ``[k, 1]`` amax of the finite elements of each row of ``x``, as two reductions: over runs of
+    :data:`_AMAX_SPLIT` elements, then over their maxima. One reduction over a whole row would be one kernel
+    program per row on Triton (with sizes symbolic, inductor splits a reduction by the size it was compiled at,
+    the sweep's smallest), fused with the cast into one pass that a single SM runs; the maximum is exact in any
+    order, so the scale's bits do not change."""
+    import torch
+
+    runs = []
+    for lo, hi, _, nb in _parts(m, _AMAX_SPLIT):
+        xp = x[:, lo:hi]
+        runs.append(torch.where(torch.isfinite(xp), xp, 0.0).view(k, nb, -1).abs().amax(dim=2))
+    return (runs[0] if len(runs) == 1 else torch.cat(runs, dim=1)).amax(dim=1, keepdim=True)
+
+
 def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, f: Fp8Format, sc: Scaling) -> bool:
     """Quantise ``x`` ``[k, m]`` float32 into ``codes`` ``[k, m]`` uint8 and (scaled modes) ``scales``
     ``[k, num_scales(m)]`` float32, as :func:`commbench.measure.fp8_eager.encode_rows` does, in one graph.
@@ -268,7 +289,7 @@ def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | Non
 
         to_scale = _scale_fn(f)
 
-        def fp8_encode(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None) -> None:
+        def body(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, block: int | None = block) -> None:
             k, m = x.shape
             if not scaled:
                 fin = torch.where(torch.isfinite(x), x, 0.0)
@@ -279,15 +300,18 @@ def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | Non
             for lo, hi, first, nb in _parts(m, m if block is None else block):
                 xp = x[:, lo:hi]
                 fin = torch.where(torch.isfinite(xp), xp, 0.0).view(k, nb, -1)
-                s = to_scale(fin.abs().amax(dim=2))
+                s = to_scale(fin.abs().amax(dim=2) if block is not None else _row_amax(x, k, m))
                 scales[:, first : first + nb].copy_(s)
                 y = (fin / s.unsqueeze(2)).view(k, hi - lo)
                 codes[:, lo:hi].copy_(_special_codes(f, sc, xp, y.to(f.dtype).view(torch.uint8)))
 
+        def fp8_encode(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None) -> None:
+            body(x, codes, scales)  # `block` a constant: see _scale_fn
+
         return fp8_encode
 
-    tail = block is not None and m % block != 0
-    short = block is not None and m < block
+    run = block if block is not None else _AMAX_SPLIT  # the whole-row amax is split too (see _row_amax)
+    tail, short = scaled and m % run != 0, scaled and m < run
     return _run(("enc", f.name, sc.name, block, k, tail, short, m == 1), build, 1, x, codes, scales if scaled else None)
 
 
@@ -304,7 +328,7 @@ def decode_rows(
     def build() -> Graph:
         import torch
 
-        def fp8_decode(codes: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor) -> None:
+        def body(codes: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor, block: int | None = block) -> None:
             k, m = codes.shape
             parts = _parts(m, m if block is None else block) if scaled else [(0, m, 0, 0)]
             for lo, hi, first, nb in parts:
@@ -322,6 +346,9 @@ def decode_rows(
                 else:
                     acc = v.sum(dim=0)
                 out[lo:hi].copy_(acc)
+
+        def fp8_decode(codes: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor) -> None:
+            body(codes, scales, out)  # `block` a constant: see _scale_fn
 
         return fp8_decode
 
