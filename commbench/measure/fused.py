@@ -328,7 +328,9 @@ def decode_rows(
     def build() -> Graph:
         import torch
 
-        def body(codes: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor, block: int | None = block) -> None:
+        def body(
+            codes: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor, block: int | None = block
+        ) -> None:
             k, m = codes.shape
             parts = _parts(m, m if block is None else block) if scaled else [(0, m, 0, 0)]
             for lo, hi, first, nb in parts:
