@@ -5,25 +5,26 @@
 #
 # Without CUDA it prints one line saying why and exits 2: a check that tests nothing must not pass.
 # Each step runs as `python benchmarks/gpu_check.py step NAME` under its own timeout (seconds below, plus a
-# 2 s kill grace each; all of it together stays under 480 s, 8 minutes). A failed step does not stop the run;
+# 2 s kill grace each; all of it together stays under 545 s: the device
+# machine's 560 s per command less a margin; sized from the first H200 run, where a CLI start costs about 10 s). A failed step does not stop the run;
 # the summary lists every step's pass/fail, wall time and key figures, and the script exits 1 if any step
 # failed. The bulky output (run directories, consoles) goes to a temporary work folder (kept with KEEP_WORK=1);
 # OUT_DIR gets three files: summary.txt, summary.json and logs.tar.gz (every step's log and record, the
 # consoles and metadata of the runs). What each step proves: docs/gpu.md.
 #
 #   preflight     20  torch sees a CUDA device, else one line and exit 2
-#   device        15  versions: torch, CUDA, NCCL, GPU name, compute capability
-#   sweep         45  every collective x precision, 1-rank NCCL world, 4K and 1M, every #wrong == 0
-#   sweep_256m    55  the same grid at 256M, timed with CUDA events, every #wrong == 0
-#   native        25  native fp8 on all_reduce/reduce_scatter: rows with impl fp8_native, or skipped with a note
-#   hook          40  the codec DDP hook against the synchronous chunked all_reduce, bit for bit; its control
-#   codec_exact   25  fp8 encode/decode CPU vs CUDA bit for bit, e4m3/e5m2 x tensor/block/none
-#   codec_speed   35  encode + decode at 256M as a fraction of the device copy bandwidth
+#   device        12  versions: torch, CUDA, NCCL, GPU name, compute capability
+#   sweep         48  every collective x precision, 1-rank NCCL world, 4K and 1M, every #wrong == 0
+#   sweep_256m    42  the same grid at 256M, timed with CUDA events, every #wrong == 0
+#   native        30  native fp8 on all_reduce/reduce_scatter: rows with impl fp8_native, or skipped with a note
+#   hook          32  the codec DDP hook against the synchronous chunked all_reduce, bit for bit; its control
+#   codec_exact   42  fp8 encode/decode CPU vs CUDA bit for bit, e4m3/e5m2 x tensor/block/none
+#   codec_speed   40  encode + decode at 256M as a fraction of the device copy bandwidth
 #   counts        30  kernels and bytes per element of encode, decode, fp8 all_reduce; events vs host clock
-#   training      45  every training policy steps on CUDA: memory kind cuda_allocator, finite loss and drift
-#   memory        30  the fp32 peak twice in one process, and after a sweep vs training alone
+#   training      90  every training policy steps on CUDA: memory kind cuda_allocator, finite loss and drift
+#   memory        36  the fp32 peak twice in one process, and after a sweep vs training alone
 #   launch        40  supervisor without a CUDA context; --nproc 2 on one GPU refused; LOCAL_RANK=3; metadata
-#   cuda_graph    35  benchmarks/gpu_cuda_graph.py: graph-mode rows exist, are right and timed
+#   cuda_graph    36  benchmarks/gpu_cuda_graph.py: graph-mode rows exist, are right and timed
 #   summary        9  summary.txt and summary.json, printed; exit 1 if any step failed
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,18 +34,18 @@ GRACE=2
 PREFLIGHT_TIMEOUT=20
 SUMMARY_TIMEOUT=9
 STEPS=(
-    "device 15"
-    "sweep 45"
-    "sweep_256m 55"
-    "native 25"
-    "hook 40"
-    "codec_exact 25"
-    "codec_speed 35"
+    "device 12"
+    "sweep 48"
+    "sweep_256m 42"
+    "native 30"
+    "hook 32"
+    "codec_exact 42"
+    "codec_speed 40"
     "counts 30"
-    "training 45"
-    "memory 30"
+    "training 90"
+    "memory 36"
     "launch 40"
-    "cuda_graph 35"
+    "cuda_graph 36"
 )
 
 timeout -k "$GRACE" "$PREFLIGHT_TIMEOUT" "$PY" benchmarks/gpu_check.py preflight

@@ -25,7 +25,7 @@ from tests.distutil import run_in_world
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
-BUDGET_S = 480  # 8 minutes (issue 34)
+BUDGET_S = 545  # the GPU machine runs the script as one command of at most 560 s
 
 
 def load_gpu_check() -> ModuleType:
@@ -547,3 +547,11 @@ def test_memory_agreement_and_the_probe_steps_need_cuda(tmp_path: Path) -> None:
     for name in ("counts", "memory", "launch", "cuda_graph"):
         rep = gc.run_step(name, tmp_path, 30)
         assert not rep.ok and any("no CUDA device" in f or "CUDA" in f for f in rep.failures), (name, rep.failures)
+
+
+def test_the_steps_find_the_repository() -> None:
+    """The steps load benchmarks/*.py and start the CLI from the repository root: a REPO one level short (the
+    benchmarks folder) made the counts and cuda_graph steps fail on the first H200 run."""
+    assert gc.REPO == REPO
+    assert (gc.REPO / "benchmarks" / "gpu_cuda_graph.py").is_file()
+    assert (gc.REPO / "benchmarks" / "bench_codec_launches.py").is_file()

@@ -9,7 +9,8 @@ if TYPE_CHECKING:
     pass
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
+"""The repository root (this file is benchmarks/gpu_steps/constants.py)."""
 
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -34,7 +35,7 @@ HOOK_CODECS = ("fp8_e4m3", "fp8_e5m2:block128")
 CODEC_CASES = tuple((fmt, scaling) for fmt in ("e4m3", "e5m2") for scaling in ("tensor", "block", "none"))
 CODEC_BLOCK = 128
 MIN_COPY_FRACTION = 0.3
-CLI_GRACE_S = 12.0
+CLI_GRACE_S = 9.0
 """Seconds of a step's limit kept back from a CLI run it starts, to stop that run and still write the record."""
 
 GPT_TABLE = """\
@@ -51,7 +52,7 @@ measure_memory = true
 TRAINING_TOML = (
     'name = "gpu-check-training"\ncollectives = []\n\n[training]\n'
     + GPT_TABLE
-    + 'policies = "all"\nsteps = 3\nwarmup_steps = 1\ncomm_timed_steps = 2\n'
+    + 'policies = "all"\nsteps = 2\nwarmup_steps = 1\ncomm_timed_steps = 1\n'
 )
 
 

@@ -31,7 +31,8 @@ from gpu_steps.runs import Context, cuda_device, fresh_dir, run_suite
 
 MEMORY_TOML = (
     'name = "gpu-check-memory"\ncollectives = ["all_reduce"]\nprecisions = ["fp32"]\nmin_bytes = "1M"\n'
-    'max_bytes = "64M"\n\n[training]\n' + GPT_TABLE + 'policies = ["fp32"]\nsteps = 2\nwarmup_steps = 1\n'
+    'max_bytes = "64M"\nfactor = 64\n\n[timing]\nwarmup = 1\nmin_iters = 2\nrepeats = 3\npasses = 1\nbudget_s = 0.5\n'
+    "target_ci = 0.5\n\n[training]\n" + GPT_TABLE + 'policies = ["fp32"]\nsteps = 2\nwarmup_steps = 1\n'
     "comm_timed_steps = 0\n"
 )
 """A small sweep, then the fp32 baseline: its peak must be the training step's (which ran no sweep)."""
@@ -177,7 +178,7 @@ def step_memory(ctx: Context, rep: StepReport) -> None:
     from commbench.training.runner import run_training
 
     cuda_device()
-    run, cli = run_suite(ctx, "memory", MEMORY_TOML, max(10.0, ctx.left_s() / 2 - CLI_GRACE_S))
+    run, cli = run_suite(ctx, "memory", MEMORY_TOML, max(10.0, ctx.left_s() - 8 - CLI_GRACE_S))
     rep.check(cli.rc == 0, f"`commbench run` of sweep + training exited with status {cli.rc} (memory/console.log)")
     after_sweep = _fp32_peak(run) if cli.rc == 0 else math.nan
     alone = _fp32_peak(ctx.out / "training" / "run") if (ctx.out / "training" / "run").exists() else math.nan
@@ -245,7 +246,9 @@ def step_launch(ctx: Context, rep: StepReport) -> None:
 
     t = threading.Thread(target=poll, daemon=True)
     t.start()
-    p.wait(timeout=max(5.0, ctx.left_s() / 3))
+    # a CLI start on the GPU machine costs about 10 s (two torch imports, CUDA and NCCL init): what is left after
+    # this one goes to the refusal (no world) and the LOCAL_RANK=3 run (a world of its own)
+    p.wait(timeout=max(5.0, ctx.left_s() - 20))
     t.join(timeout=5)
     rep.fig("supervisor pid", p.pid)
     rep.fig("pids with a CUDA context", sorted(seen))
@@ -257,7 +260,8 @@ def step_launch(ctx: Context, rep: StepReport) -> None:
     # 2. two NCCL ranks on one GPU: one line, exit 2
     one = {**env, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
     r = subprocess.run([sys.executable, "-m", "commbench", "run", "--nproc", "2", "--backend", "nccl", *tiny,
-                        "--out", str(base / "refused")], cwd=REPO, env=one, capture_output=True, text=True, timeout=60)  # fmt: skip
+                        "--out", str(base / "refused")], cwd=REPO, env=one, capture_output=True, text=True,
+                       timeout=max(5.0, ctx.left_s() - 14))  # fmt: skip
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     rep.fig("nproc2 refusal", lines)
     rep.check(
@@ -269,7 +273,7 @@ def step_launch(ctx: Context, rep: StepReport) -> None:
     world = {**one, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}  # fmt: skip
     r3 = subprocess.run([sys.executable, "-m", "commbench", "run", "--backend", "nccl", *tiny, "--out", str(out3)],
-                        cwd=REPO, env=world, capture_output=True, text=True, timeout=90)  # fmt: skip
+                        cwd=REPO, env=world, capture_output=True, text=True, timeout=max(5.0, ctx.left_s() - 2))  # fmt: skip
     rep.check(
         r3.returncode == 0,
         f"RANK=0 WORLD_SIZE=1 LOCAL_RANK=3 on one GPU exited {r3.returncode}: {r3.stderr.strip()[-200:]}",
