@@ -13,6 +13,7 @@ import pytest
 
 from commbench.cluster.metadata import (
     NO_LINK,
+    ONE_RANK,
     gpu_link_gbps,
     group_link,
     nics,
@@ -123,6 +124,12 @@ def test_group_link_names_the_slowest_node() -> None:
     assert "on b" in link["label"] and "slowest of 3 nodes" in link["label"]
     unknown = group_link([facts(0.025), facts(None, "no NIC with a known rate")], ["a", "b"], [[0, 1]], [0, 1])
     assert unknown["gbps"] is None and unknown["host"] == "b"
+
+
+def test_a_group_of_one_rank_crosses_no_link() -> None:
+    f = [{"inter": {}, "intra": [31.5, "PCIe gen5 x16"]}]
+    link = group_link(f, ["a"], [[0]], [0])
+    assert link["gbps"] is None and link["label"] == ONE_RANK
 
 
 def test_group_link_on_gpus_takes_the_slowest_gpu() -> None:

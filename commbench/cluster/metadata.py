@@ -273,6 +273,7 @@ def _link_of(nv: Any, h: Any) -> tuple[float | None, str]:
     return gpu_link_gbps(arch, links, gen, width)
 
 
+ONE_RANK = "none: a group of one rank sends nothing over a link"
 NO_LINK = "none: the group's ranks share one host without a GPU link (shared memory / loopback)"
 """``link`` of a point whose traffic crosses no link that has a rate (gloo ranks on one host)."""
 
@@ -297,7 +298,11 @@ def group_link(facts: Sequence[Mapping[str, Any]], hosts: Sequence[str], parts: 
     slowest node's link divided among the kind's groups that cross that node's link at once (one for the world,
     one per local rank for ``inter``): its ring leaves every node once per group, as NCCL's rings leave by one
     NIC each, so the world's busbw can reach the node's summed NIC rate (nccl #812: 192 GB/s on 8 × 200 Gb/s).
-    A group within one node is limited by its slowest GPU's NVLink or PCIe link; on CPU it has none."""
+    A group within one node is limited by its slowest GPU's NVLink or PCIe link; on CPU it has none. A group of one
+    rank has none either: nothing leaves the GPU, and busbw is 0 by nccl-tests' factors (a 1-GPU run read as
+    "reaches 0.00 of PCIe gen5 x16")."""
+    if len(members) < 2:
+        return {"gbps": None, "label": ONE_RANK, "host": ""}
     on = sorted({hosts[r] for r in members})
     if len(on) > 1:
         avail: list[tuple[float, str, str]] = []
