@@ -102,14 +102,15 @@ def test_sizes_share_a_graph(wires: dict[str, Any]) -> None:
     fp8.use_kernel(False)
     try:
         fp8.use_fused(True)
-        got = {m: _wire_results(name, packed, n, m) for m in (256, 512, 1024)}
+        sizes = (256, 1024, fused._AMAX_SPLIT, 3 * fused._AMAX_SPLIT + 16)  # whole-row amax: short, split, tail
+        got = {m: _wire_results(name, packed, n, m) for m in sizes}
         compiled = len(fused.COMPILE_S)
         fp8.use_fused(False)
-        want = {m: _wire_results(name, packed, n, m) for m in (256, 512, 1024)}
+        want = {m: _wire_results(name, packed, n, m) for m in sizes}
     finally:
         fp8.use_fused(None)
         fp8.use_kernel(True)
-    assert compiled == 3, fused.COMPILE_S  # encode, decode, reducing decode: once for the three sizes
+    assert compiled == 3, fused.COMPILE_S  # encode, decode, reducing decode: once for the four sizes
     for m in got:
         for what in want[m]:
             assert (

@@ -263,17 +263,20 @@ def _parts(m: int, run: int) -> list[tuple[int, int, int, int]]:
 
 def _row_amax(x: torch.Tensor, k: int, m: int) -> torch.Tensor:
     """The ``[k, 1]`` amax of the finite elements of each row of ``x``, as two reductions: over runs of
-    :data:`_AMAX_SPLIT` elements, then over their maxima. One reduction over a whole row would be one kernel
-    program per row on Triton (with sizes symbolic, inductor splits a reduction by the size it was compiled at,
-    the sweep's smallest), fused with the cast into one pass that a single SM runs; the maximum is exact in any
-    order, so the scale's bits do not change."""
+    :data:`_AMAX_SPLIT` elements, then over their maxima and the short run left over (with a 0 beside it, so that
+    an empty one reduces too). One reduction over a whole row would be one kernel program per row on Triton (with
+    sizes symbolic, inductor splits a reduction by the size it was compiled at, the sweep's smallest), fused with
+    the cast into one pass that a single SM runs. No branch on the size: every size shares the graph. The
+    maximum is exact in any order and every |x| >= 0, so the scale's bits do not change."""
     import torch
 
-    runs = []
-    for lo, hi, _, nb in _parts(m, _AMAX_SPLIT):
-        xp = x[:, lo:hi]
-        runs.append(torch.where(torch.isfinite(xp), xp, 0.0).view(k, nb, -1).abs().amax(dim=2))
-    return (runs[0] if len(runs) == 1 else torch.cat(runs, dim=1)).amax(dim=1, keepdim=True)
+    def finite_abs(t: torch.Tensor) -> torch.Tensor:
+        return torch.where(torch.isfinite(t), t, 0.0).abs()
+
+    full = m // _AMAX_SPLIT
+    runs = finite_abs(x[:, : full * _AMAX_SPLIT]).view(k, full, _AMAX_SPLIT).amax(dim=2)
+    rest = finite_abs(x[:, full * _AMAX_SPLIT :])
+    return torch.cat([runs, rest, torch.zeros(k, 1, dtype=x.dtype, device=x.device)], dim=1).amax(dim=1, keepdim=True)
 
 
 def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, f: Fp8Format, sc: Scaling) -> bool:
@@ -310,8 +313,8 @@ def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | Non
 
         return fp8_encode
 
-    run = block if block is not None else _AMAX_SPLIT  # the whole-row amax is split too (see _row_amax)
-    tail, short = scaled and m % run != 0, scaled and m < run
+    tail = block is not None and m % block != 0
+    short = block is not None and m < block
     return _run(("enc", f.name, sc.name, block, k, tail, short, m == 1), build, 1, x, codes, scales if scaled else None)
 
 
