@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-NCCL_NAMES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half", "uint8": "uint8"}
+NCCL_NAMES = {"float32": "float", "float64": "double", "bfloat16": "bfloat16", "float16": "half", "uint8": "uint8"}
 """The trace's dtype names as the counter's keys spell them (nccl-tests' names)."""
 
 

@@ -140,6 +140,27 @@ def test_a_registry_loads_only_the_builtins_of_its_kind(tmp_path: Path) -> None:
     assert r.stdout.split() == ["False", "False", "False"]
 
 
+
+def test_a_builtin_imported_first_keeps_the_listed_order(tmp_path: Path) -> None:
+    """A policy module imported directly, before any lookup (a test importing `training.float8`, which imports
+    `tensor_parallel`): its registration looks the registry up, and the modules listed after it load after it, so the
+    policies come in the order of a plain load."""
+    r = _python(
+        """
+        import json, sys
+        import commbench.training.policies as p
+        print(json.dumps(p.list_policies()))
+        """,
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    want = r.stdout.split("\n")[-2]
+    for first in ("commbench.training.float8", "commbench.training.tensor_parallel", "commbench.training.tp_pp_dp"):
+        code = f"import json, {first}\nfrom commbench.training.policies import list_policies\nprint(json.dumps(list_policies()))"
+        got = _python(code, tmp_path)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout.split("\n")[-2] == want, first
+
 def test_one_codec_registration_is_a_precision_and_a_ddp_hook(toy_plugin: Path) -> None:
     r = _python(
         """

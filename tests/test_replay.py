@@ -251,6 +251,26 @@ def test_nested_records_are_one_call(tmp_path: Path) -> None:
     assert t.skipped["record_param_comms (inside another communication record: the same call)"] == 1
 
 
+
+def test_an_operator_inside_itself_is_read_from_the_inner(tmp_path: Path) -> None:
+    """A tensor subclass's collective dispatches twice (torchao's Float8TrainingTensor: the functional all-gather with
+    its nominal fp32 type, then inside it with its uint8 codes): one call, of what the backend got; on NCCL the
+    record_param_comms inside both is the call, still once."""
+    ag = "_c10d_functional::all_gather_into_tensor"
+
+    def shaped(t: str) -> dict[str, Any]:
+        return {"Input Dims": [[4, 32], [], []], "Input type": [t, "Scalar", ""], "Concrete Inputs": ["", "2", "0"]}
+
+    rpc = {"Collective name": "_allgather_base", "dtype": "Byte", "In msg nelems": 128, "Out msg nelems": 256,
+           "Process Group Name": "0", "Process Group Ranks": "[0, 1]", "Group size": 2}  # fmt: skip
+    ev = [_x("ProfilerStep#1", 0, 100), _x(ag, 10, 20, **shaped("float")), _x(ag, 11, 15, **shaped("unsigned char")),
+          _x(ag, 40, 20, **shaped("float")), _x(ag, 41, 15, **shaped("unsigned char")),
+          _x("c10d::_allgather_base_", 42, 10), _x("record_param_comms", 43, 5, **rpc)]  # fmt: skip
+    t = read_trace(_write(tmp_path, _doc(ev, pg_config=[{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}])))
+    calls = step_calls(t, 1)
+    assert [(c.source, c.dtype, c.size_bytes) for c in calls] == [(ag, "uint8", 256), ("record_param_comms", "uint8", 256)]
+    assert t.skipped[f"{ag} (inside another communication record: the same call)"] == 2 and not t.unread
+
 def _et(nodes: list[dict[str, Any]], schema: str = "1.1.1-chakra.0.0.4") -> dict[str, Any]:
     return {"schema": schema, "pid": 1, "time": "2026-12-03 07:31:35", "start_ts": 0, "nodes": nodes, "finish_ts": 1}
 

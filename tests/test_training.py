@@ -43,7 +43,8 @@ STABLE_NAMES = [
     "pp_gpipe_fp32", "pp_gpipe_bf16", "pp_1f1b_fp32", "pp_1f1b_bf16",
     "pp_interleaved_fp32", "pp_interleaved_bf16", "pp_izb_fp32", "pp_zbv_fp32",
     "pp_gpipe_bf16comm", "pp_1f1b_bf16comm", "pp_1f1b_fp16", "pp_1f1b_fp8comm",
-    "cp_fp32", "cp_bf16comm", "cp_bf16", "tp_pp_dp_fp32", "tp_pp_dp_bf16", "fsdp2_float8",
+    "cp_fp32", "cp_bf16comm", "cp_bf16", "tp_pp_dp_fp32", "tp_pp_dp_bf16", "fsdp2_float8", "tp_float8",
+    "tp_sp_float8",
 ]  # fmt: skip
 TWO_D = {"tp_dp_fp32", "tp_dp_bf16"}  # TP x DP needs 4 ranks: at N = 2 a row that says why, nothing run
 # two stages per rank on 2 ranks are 4 stages, more than GPT's 2 blocks: under "all" a row that says why (a named
@@ -53,8 +54,8 @@ THREE_D = {"tp_pp_dp_fp32", "tp_pp_dp_bf16"}  # 2 x 2 x 2 at least: at N = 2 a r
 SKIPPED = {**dict.fromkeys(TWO_D, "2-D TP x DP needs at least 4 ranks"),
            **dict.fromkeys(THREE_D, "3-D TP x PP x DP needs a world of tp_degree x pp_degree x dp with dp >= 2"),
            **dict.fromkeys(LOOPED, "pipeline parallelism over 4 stages needs at least 4 layers (one per stage)")}
-if importlib.util.find_spec("torchao") is None:  # the test extra installs it; without it, the policy's skip line
-    SKIPPED["fsdp2_float8"] = "float8 training needs torchao"
+if importlib.util.find_spec("torchao") is None:  # the test extra installs it; without it, the policies' skip line
+    SKIPPED.update(dict.fromkeys(("fsdp2_float8", "tp_float8", "tp_sp_float8"), "float8 training needs torchao"))
 
 GPT: dict[str, Any] = {"model": "gpt", "steps": 1, "warmup_steps": 1, "batch_size": 4, "seq_len": 16, "d_model": 32,
        "n_layers": 2, "n_heads": 4, "vocab": 64, "seed": 3,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -80,6 +81,12 @@ def _import(module: str, source: str) -> None:
     _LOADED.append(Loaded(source, module))
 
 
+def _initializing(module: str) -> bool:
+    """Whether `module` is being imported right now (its code still running: importlib marks its spec so)."""
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
 def requested() -> list[str]:
     """The modules ``--plugin`` / ``COMMBENCH_PLUGINS`` name, in order."""
     return [m.strip() for m in os.environ.get(ENV, "").split(",") if m.strip()]
@@ -125,9 +132,10 @@ def load(*, builtins: bool = True, kind: str | None = None) -> list[Loaded]:
     made while the external plugins load (a plugin's import looking a registry up) loads built-ins only."""
     if builtins:
         for m in BUILTINS if kind is None else KINDS.get(kind, ()):
-            if m in _IMPORTING:
-                # a built-in whose import looks a registry up: the modules listed after it are loaded after it
-                # (by the call importing it), so registries keep the listed order
+            if m in _IMPORTING or _initializing(m):
+                # a built-in whose import looks a registry up (through this loop, or imported directly, before any
+                # load): the modules listed after it are loaded after it (by the call importing it, or the next
+                # lookup), so registries keep the listed order
                 break
             _import(m, "builtin")
     if not _state["external"] and not _state["busy"]:

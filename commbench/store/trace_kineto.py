@@ -135,6 +135,7 @@ def _outermost(events: list[OpEvent]) -> tuple[list[OpEvent], list[OpEvent], lis
     keep: list[OpEvent] = []
     nested: list[OpEvent] = []
     replaced: set[int] = set()
+    kept: set[int] = set()  # the operators kept as calls
     by_thread: dict[Any, list[OpEvent]] = defaultdict(list)
     for e in events:
         by_thread[e.thread].append(e)
@@ -144,14 +145,24 @@ def _outermost(events: list[OpEvent]) -> tuple[list[OpEvent], list[OpEvent], lis
         for e in evs:
             while open_ and e.ts >= open_[-1].ts + open_[-1].dur:
                 open_.pop()
-            if e.name != "record_param_comms":
+            if e.name != "record_param_comms" and open_ and e.name == open_[0].name and id(open_[0]) in kept:
+                # the same operator inside itself: a tensor subclass's dispatch (torchao's Float8TrainingTensor reaches
+                # a functional all-gather with its nominal dtype, then again with its uint8 codes), read from the inner
+                kept.discard(id(open_[0]))
+                nested.append(open_[0])
+                keep[keep.index(open_[0])] = e
+                kept.add(id(e))
+            elif e.name != "record_param_comms":
                 (nested if open_ else keep).append(e)
+                if not open_:
+                    kept.add(id(e))
             elif any(o.name == "record_param_comms" for o in open_):
                 nested.append(e)
             else:
                 # the record is the call: the c10d operator around it is not a second one
-                if open_ and id(open_[0]) not in replaced:  # the outermost was kept; the inner ones are nested already
-                    replaced.add(id(open_[0]))
+                holder = next((o for o in open_ if id(o) in kept), None)  # the one kept; the others are nested already
+                if holder is not None:
+                    replaced.add(id(holder))
                 keep.append(e)
             open_.append(e)
     return [e for e in keep if id(e) not in replaced], nested, [e for e in keep if id(e) in replaced]

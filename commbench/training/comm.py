@@ -111,9 +111,22 @@ def wire_bytes(bus_by_op: dict[str, float], backend: str, n: int) -> tuple[float
     return total, notes
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    if hasattr(t, "_local_tensor"):  # a DTensor handed to a collective: its local shard moves
+def _payload(t: torch.Tensor) -> torch.Tensor:
+    """What of `t` a collective moves: a DTensor's local shard; of a tensor that carries float8 codes beside their
+    scale (torchao's Float8TrainingTensor, whose all-gather moves the codes `_data` alone), the codes, as the bytes
+    they cross as (uint8: `float8.gather_float8_as_bytes`)."""
+    if hasattr(t, "_local_tensor"):
         t = t._local_tensor
+    codes = getattr(t, "_data", None)
+    if codes is not None and hasattr(t, "_scale") and codes.is_floating_point() and codes.element_size() == 1:
+        import torch
+
+        return codes.view(torch.uint8)  # type: ignore[no-any-return]
+    return t
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = _payload(t)
     return int(t.numel() * t.element_size())
 
 
@@ -164,7 +177,7 @@ _SizeFn = Callable[[tuple[Any, ...], dict[str, Any]], _Sizes]
 
 def _by_dtype(ts: list[torch.Tensor]) -> list[tuple[int, torch.dtype]]:
     acc: dict[torch.dtype, int] = {}
-    for t in ts:
+    for t in map(_payload, ts):
         acc[t.dtype] = acc.get(t.dtype, 0) + _nbytes(t)
     return [(v, k) for k, v in acc.items()]
 

@@ -34,7 +34,8 @@ FSDP1 (family "fsdp1": FULL_SHARD, `MixedPrecision(param_dtype, reduce_dtype, bu
   fsdp1_bf16             MixedPrecision(bf16, fp32, bf16)  (buffers in bf16: BatchNorm statistics too)
 PP (family "pp", `pipeline_parallel.py`): pp_{gpipe,1f1b,interleaved}_{fp32,bf16}, pp_izb_fp32, pp_zbv_fp32, and on the
 wire only pp_gpipe_bf16comm, pp_1f1b_bf16comm (fp32 compute), pp_1f1b_fp16 (autocast fp16 + ShardedGradScaler),
-pp_1f1b_fp8comm (fp8 e4m3 codes + a scale per token through the codec); TP (family "tp"): `tensor_parallel.py`.
+pp_1f1b_fp8comm (fp8 e4m3 codes + a scale per token through the codec); TP (family "tp"): `tensor_parallel.py`;
+tp_float8, tp_sp_float8 (torchao float8 Linears and float8 TP styles): `float8.py`.
 CP (family "cp", `context_parallel.py`): cp_fp32, cp_bf16comm (fp32 compute, K/V on the ring bf16), cp_bf16
 (autocast bf16): the sequence split over cp_degree ranks, ring attention (`ring_attention.py`).
 3-D (family "tp+pp+dp", `tp_pp_dp.py`): tp_pp_dp_fp32, tp_pp_dp_bf16: TP inside each 1F1B pipeline stage, data

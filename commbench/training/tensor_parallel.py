@@ -332,11 +332,20 @@ class TensorParallel(Sharding):
             row = WiredRowwise(sequence_parallel=sp, dtype=dt, codec=self.reduce_codec)
         return {COLWISE: col, ROWWISE: row}
 
-    def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
+    def _block_plan(self, styles: dict[str, Any]) -> dict[str, Any]:
+        """One block's `parallelize_module` plan: a copy of its style per Linear, and under SP the norms."""
         import copy
 
+        from torch.distributed.tensor.parallel import SequenceParallel
+
+        plan: dict[str, Any] = {path: copy.copy(styles[style]) for path, style in BLOCK_PLAN}
+        if self.sequence_parallel:
+            plan.update({name: SequenceParallel() for name in SP_NORMS})
+        return plan
+
+    def _wrap(self, model: nn.Module, device: torch.device, world: World) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+        from torch.distributed.tensor.parallel import parallelize_module
 
         tp = self.degree(world.world_size)
         check_layout(model, tp)
@@ -351,10 +360,7 @@ class TensorParallel(Sharding):
             attn = _sub(b, "attn")
             _order_qkv_by_heads(attn.qkv, tp)
             attn.n_heads = attn.n_heads // tp
-            plan: dict[str, Any] = {path: copy.copy(styles[style]) for path, style in BLOCK_PLAN}
-            if self.sequence_parallel:
-                plan.update({name: SequenceParallel() for name in SP_NORMS})
-            parallelize_module(b, mesh, plan)
+            parallelize_module(b, mesh, self._block_plan(styles))
         if self.vocab_parallel:
             from commbench.training.vocab_parallel import parallelize_vocab
 
