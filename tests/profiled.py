@@ -38,3 +38,22 @@ def traced_calls(path: str, index: int = 0) -> tuple[dict[str, int], dict[str, i
         calls[key] += 1
         sizes[key] += c.size_bytes
     return dict(calls), dict(sizes), trace
+
+
+HIDDEN = ("torchao", "torchao.float8")
+"""What a rank without torchao cannot import (None in `sys.modules`: the import raises ModuleNotFoundError)."""
+
+
+def rows_without_torchao(runner: Any, section: dict[str, Any], policies: list[str]) -> list[dict[str, Any]]:
+    """The rows of a 1-step CPU run of ``policies`` (``runner.run_training``) while torchao cannot be imported."""
+    import sys
+
+    import torch
+
+    saved = {m: sys.modules.get(m) for m in HIDDEN}
+    sys.modules.update(dict.fromkeys(HIDDEN))
+    try:
+        rows, _ = runner.run_training({**section, "steps": 1, "policies": policies}, device=torch.device("cpu"))
+    finally:
+        sys.modules.update(saved)
+    return [r.as_dict() for r in rows]

@@ -12,14 +12,12 @@ from typing import Any
 import pytest
 
 from tests.distutil import run_in_world
-from tests.profiled import profiled_step, traced_calls
+from tests.profiled import HIDDEN, profiled_step, rows_without_torchao, traced_calls
 
 SECTION = dict(
     model="gpt", batch_size=2, seq_len=8, d_model=32, n_layers=2, n_heads=4, vocab=64,
     steps=2, warmup_steps=1, measure_memory=False, comm_timed_steps=0, paired=False,
 )  # fmt: skip
-HIDDEN = ("torchao", "torchao.float8")
-"""What a rank without torchao cannot import (None in `sys.modules`: the import raises ModuleNotFoundError)."""
 
 
 def _expected(n: int) -> dict[str, float]:
@@ -74,13 +72,8 @@ def _rank(rank: int, n: int, trace_dir: str) -> dict[str, Any]:
             return "rank 1 has no float8 GPU" if rank == 1 else None
 
     out["agreed"] = runner._agreed_environment_error(RankBound(), torch.device("cpu"), n)
-    saved = {m: sys.modules.get(m) for m in HIDDEN}
-    sys.modules.update(dict.fromkeys(HIDDEN))
-    try:  # a rank without torchao: the run skips fsdp2_float8 with one line, the baseline runs
-        rows, _ = runner.run_training({**SECTION, "steps": 1, "policies": ["fsdp2_float8"]}, device=torch.device("cpu"))
-    finally:
-        sys.modules.update(saved)
-    out["rows"] = [r.as_dict() for r in rows]
+    # a rank without torchao: the run skips each float8 policy with one line, the baseline runs
+    out["rows"] = rows_without_torchao(runner, SECTION, ["fsdp2_float8"])
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.distutil import run_in_world
-from tests.profiled import profiled_step, traced_calls
+from tests.profiled import HIDDEN, profiled_step, rows_without_torchao, traced_calls
 
 SECTION = dict(
     model="gpt", batch_size=2, seq_len=8, d_model=32, n_layers=2, n_heads=4, vocab=64,
@@ -20,7 +20,6 @@ SECTION = dict(
 )  # fmt: skip
 PAIRS = (("tp_float8", "tp_fp32"), ("tp_sp_float8", "tp_sp_fp32"))
 """Each float8 policy and its reference."""
-HIDDEN = ("torchao", "torchao.float8")
 
 
 def _expected(n: int, sp: bool) -> dict[str, float]:
@@ -74,15 +73,8 @@ def _rank(rank: int, n: int, trace_dir: str) -> dict[str, Any]:
                          layers=sorted({type(m).__name__ for m in sess.w.model.modules()}))  # fmt: skip
         del sess, run
         runner._destroy_groups_since(before)
-    saved = {m: sys.modules.get(m) for m in HIDDEN}
-    sys.modules.update(dict.fromkeys(HIDDEN))
-    try:  # a rank without torchao: the run skips both with one line each, the baseline runs
-        rows, _ = runner.run_training(
-            {**SECTION, "steps": 1, "policies": [p for p, _ in PAIRS]}, device=torch.device("cpu")
-        )
-    finally:
-        sys.modules.update(saved)
-    out["rows"] = [r.as_dict() for r in rows]
+    # a rank without torchao: the run skips each float8 policy with one line, the baseline runs
+    out["rows"] = rows_without_torchao(runner, SECTION, [p for p, _ in PAIRS])
     return out
 
 
