@@ -57,3 +57,24 @@ def rows_without_torchao(runner: Any, section: dict[str, Any], policies: list[st
     finally:
         sys.modules.update(saved)
     return [r.as_dict() for r in rows]
+
+
+def profiled_policy(name: str, sec: Any, trace: Path) -> dict[str, Any]:
+    """Policy ``name``'s warm-up and steps on CPU (``sec``: a TrainingConfig), its first step profiled into ``trace``:
+    the trace's path, the counter's calls and sizes of that step, the expected bytes, (loss, grad norm, bytes) per
+    step and the model's module types."""
+    import torch
+
+    from commbench.training.policies import get_policy
+    from commbench.training.runner import PolicySession
+
+    sess = PolicySession(get_policy(name).configure(sec), sec, torch.device("cpu"))
+    with sess.counter:
+        path = profiled_step(lambda: sess.instrumented_step(0), trace)
+        calls, sizes = dict(sess.counter.calls), dict(sess.counter.size_bytes)
+        for s in range(1, int(sec.warmup_steps) + int(sec.steps)):
+            sess.instrumented_step(s)
+        run = sess.finish()
+    return dict(trace=path, calls=calls, sizes=sizes, expected=run.comm_expected,
+                steps=[(r.loss, r.grad_norm, r.comm) for r in run.steps],
+                layers=sorted({type(m).__name__ for m in sess.w.model.modules()}))  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.distutil import run_in_world
-from tests.profiled import HIDDEN, profiled_step, rows_without_torchao, traced_calls
+from tests.profiled import HIDDEN, profiled_policy, rows_without_torchao, traced_calls
 
 SECTION = dict(
     model="gpt", batch_size=2, seq_len=8, d_model=32, n_layers=2, n_heads=4, vocab=64,
@@ -46,24 +46,12 @@ def _rank(rank: int, n: int, trace_dir: str) -> dict[str, Any]:
     from commbench.training import runner
     from commbench.training.config import TrainingConfig
     from commbench.training.float8 import FSDP2Float8
-    from commbench.training.policies import get_policy
-    from commbench.training.runner import PolicySession
 
     plugins.load()
     sec = TrainingConfig.coerce(SECTION)
     out: dict[str, Any] = {}
     for name in ("fp32", "fsdp2_float8"):
-        sess = PolicySession(get_policy(name).configure(sec), sec, torch.device("cpu"))
-        with sess.counter:
-            trace = profiled_step(lambda s=sess: s.instrumented_step(0), Path(trace_dir) / name / f"rank{rank}.json")
-            calls, sizes = dict(sess.counter.calls), dict(sess.counter.size_bytes)
-            for s in range(1, int(sec.warmup_steps) + int(sec.steps)):
-                sess.instrumented_step(s)
-            run = sess.finish()
-        out[name] = dict(trace=trace, calls=calls, sizes=sizes, expected=run.comm_expected,
-                         steps=[(r.loss, r.grad_norm, r.comm) for r in run.steps],
-                         layers=sorted({type(m).__name__ for m in sess.w.model.modules()}))  # fmt: skip
-        del sess, run
+        out[name] = profiled_policy(name, sec, Path(trace_dir) / name / f"rank{rank}.json")
 
     class RankBound(FSDP2Float8):
         """Refuses on rank 1 only: every rank must skip with rank 1's reason."""

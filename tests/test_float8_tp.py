@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.distutil import run_in_world
-from tests.profiled import HIDDEN, profiled_step, rows_without_torchao, traced_calls
+from tests.profiled import HIDDEN, profiled_policy, rows_without_torchao, traced_calls
 
 SECTION = dict(
     model="gpt", batch_size=2, seq_len=8, d_model=32, n_layers=2, n_heads=4, vocab=64,
@@ -48,30 +48,16 @@ def _expected(n: int, sp: bool) -> dict[str, float]:
 def _rank(rank: int, n: int, trace_dir: str) -> dict[str, Any]:
     from pathlib import Path
 
-    import torch
-
     from commbench.core import plugins
     from commbench.training import runner
     from commbench.training.config import TrainingConfig
-    from commbench.training.policies import get_policy
-    from commbench.training.runner import PolicySession
 
     plugins.load()
     sec = TrainingConfig.coerce(SECTION)
     out: dict[str, Any] = {}
     for name in [p for pair in PAIRS for p in pair]:
         before = runner.compat.group_names()
-        sess = PolicySession(get_policy(name).configure(sec), sec, torch.device("cpu"))
-        with sess.counter:
-            trace = profiled_step(lambda s=sess: s.instrumented_step(0), Path(trace_dir) / name / f"rank{rank}.json")
-            calls, sizes = dict(sess.counter.calls), dict(sess.counter.size_bytes)
-            for s in range(1, int(sec.warmup_steps) + int(sec.steps)):
-                sess.instrumented_step(s)
-            run = sess.finish()
-        out[name] = dict(trace=trace, calls=calls, sizes=sizes, expected=run.comm_expected,
-                         steps=[(r.loss, r.grad_norm, r.comm) for r in run.steps],
-                         layers=sorted({type(m).__name__ for m in sess.w.model.modules()}))  # fmt: skip
-        del sess, run
+        out[name] = profiled_policy(name, sec, Path(trace_dir) / name / f"rank{rank}.json")
         runner._destroy_groups_since(before)
     # a rank without torchao: the run skips each float8 policy with one line, the baseline runs
     out["rows"] = rows_without_torchao(runner, SECTION, [p for p, _ in PAIRS])
