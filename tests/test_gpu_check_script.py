@@ -403,6 +403,11 @@ def test_copy_fraction_uses_read_plus_write_bytes() -> None:
     assert f["encode_gbps"] == pytest.approx(5 * n / 2 / 1e9)
     assert f["decode_gbps"] == pytest.approx(5 * n / 3 / 1e9)
     assert f["fraction"] == pytest.approx((10 / 5) / 8)
+    assert "bandwidth_fraction" not in f
+    # the code path moves 9 B to encode (a tensor scale's second read) and 5 to decode: 14n bytes in 5 s
+    g = gc.copy_fraction(2.0, 3.0, 1.0, n, moved=(9.0, 5.0))
+    assert g["fraction"] == f["fraction"] and g["moved_b_per_element"] == 14.0
+    assert g["bandwidth_fraction"] == pytest.approx((14 / 5) / 8)
 
 
 # ------------------------------------------------------------------------------------------------ codec

@@ -187,21 +187,29 @@ def codec_exact_cases(
     rep.fig("nan_codes_differing_in_sign", nan_codes)
 
 
-def copy_fraction(encode_s: float, decode_s: float, copy_s: float, numel: int) -> dict[str, float]:
-    """Encode and decode throughput against the device copy, with one byte definition for all three:
-    bytes read plus bytes written. A float32 copy moves 8 bytes per element; an encode reads 4 and writes 1
-    (fp32 -> fp8), a decode reads 1 and writes 4 (scales: a few bytes per block, not counted)."""
+def copy_fraction(
+    encode_s: float, decode_s: float, copy_s: float, numel: int, moved: tuple[float, float] | None = None
+) -> dict[str, float]:
+    """Encode and decode throughput against the device copy, bytes read plus written. ``fraction``: the work
+    done, the 5 bytes per element an encode must move (read 4, write 1: fp32 -> fp8) and the 5 a decode must
+    (read 1, write 4), over the copy's 8, so a path that moves more is slower by as much. ``bandwidth_fraction``
+    (with ``moved``: the bytes per element the code path really reads and writes to encode and to decode,
+    ``fused.moved_bytes``): how close those bytes come to the copy's bandwidth."""
     copy_gbps = 8 * numel / copy_s / 1e9
     enc_gbps = 5 * numel / encode_s / 1e9
     dec_gbps = 5 * numel / decode_s / 1e9
     both_gbps = 10 * numel / (encode_s + decode_s) / 1e9
-    return {
+    out = {
         "copy_gbps": copy_gbps,
         "encode_gbps": enc_gbps,
         "decode_gbps": dec_gbps,
         "encode_decode_gbps": both_gbps,
         "fraction": both_gbps / copy_gbps,
     }
+    if moved is not None:
+        out["moved_b_per_element"] = moved[0] + moved[1]
+        out["bandwidth_fraction"] = (moved[0] + moved[1]) * numel / (encode_s + decode_s) / 1e9 / copy_gbps
+    return out
 
 
 def time_cuda(fn: Callable[[], Any], reps: int = 10, trials: int = 3, warmup: int = 3) -> tuple[float, float]:

@@ -35,6 +35,9 @@ HOOK_CODECS = ("fp8_e4m3", "fp8_e5m2:block128")
 CODEC_CASES = tuple((fmt, scaling) for fmt in ("e4m3", "e5m2") for scaling in ("tensor", "block", "none"))
 CODEC_BLOCK = 128
 MIN_COPY_FRACTION = 0.3
+"""Encode + decode's work (5 + 5 bytes per element) over the copy's bandwidth, at least."""
+MIN_BANDWIDTH_FRACTION = 0.5
+"""The bytes the codec path really moves, at least this fraction of the copy's bandwidth (issue 34)."""
 CLI_GRACE_S = 9.0
 """Seconds of a step's limit kept back from a CLI run it starts, to stop that run and still write the record."""
 

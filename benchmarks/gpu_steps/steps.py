@@ -19,6 +19,7 @@ from gpu_steps.constants import (
     CODEC_CASES,
     COLLECTIVES,
     HOOK_CODECS,
+    MIN_BANDWIDTH_FRACTION,
     MIN_COPY_FRACTION,
     NATIVE_PRECISIONS,
     PRECISIONS,
@@ -182,7 +183,7 @@ def step_codec_exact(ctx: Context, rep: StepReport) -> None:
 def step_codec_speed(ctx: Context, rep: StepReport) -> None:
     import torch
 
-    from commbench.measure import fp8
+    from commbench.measure import fp8, fused
 
     dev = cuda_device()
     # 77 past 2**26: a short last block, as codec_exact's inputs, so the step reuses their compiled graphs
@@ -195,9 +196,12 @@ def step_codec_speed(ctx: Context, rep: StepReport) -> None:
     rep.fig("copy_gbps", 8 * n / copy_s / 1e9)
     for fmt, scaling in CODEC_CASES:
         s = torch.empty(fp8.num_scales(n, scaling, CODEC_BLOCK), dtype=torch.float32, device=dev)
-        enc_s, enc_first = time_cuda(partial(fp8.quantize, x, fmt, scaling, CODEC_BLOCK, out=(q, s)))
-        dec_s, dec_first = time_cuda(partial(fp8.dequantize, q, s, fmt, scaling, CODEC_BLOCK, out=y))
-        f = copy_fraction(enc_s, dec_s, copy_s, n)
+        encode = partial(fp8.quantize, x, fmt, scaling, CODEC_BLOCK, out=(q, s))
+        decode = partial(fp8.dequantize, q, s, fmt, scaling, CODEC_BLOCK, out=y)
+        enc_s, enc_first = time_cuda(encode)
+        dec_s, dec_first = time_cuda(decode)
+        moved = tuple(sum(fused.moved_bytes(fn)) / n for fn in (encode, decode))  # what the code path moves
+        f = copy_fraction(enc_s, dec_s, copy_s, n, moved=(moved[0], moved[1]))
         label = f"{fmt} {scaling}"
         shown = {k: round(v, 3) for k, v in f.items() if k != "copy_gbps"}
         rep.fig(label, {**shown, "first_calls_s": round(enc_first + dec_first, 3)})
@@ -205,6 +209,11 @@ def step_codec_speed(ctx: Context, rep: StepReport) -> None:
             f["fraction"] >= MIN_COPY_FRACTION,
             f"{label}: encode + decode at {f['encode_decode_gbps']:.0f} GB/s is {f['fraction']:.2f} of the device copy "
             f"({f['copy_gbps']:.0f} GB/s), below {MIN_COPY_FRACTION}",
+        )
+        rep.check(
+            f["bandwidth_fraction"] >= MIN_BANDWIDTH_FRACTION,
+            f"{label}: the {f['moved_b_per_element']:.1f} B per element encode + decode move run at "
+            f"{f['bandwidth_fraction']:.2f} of the copy's bandwidth, below {MIN_BANDWIDTH_FRACTION}",
         )
 
 

@@ -152,7 +152,9 @@ def _layout(t: torch.Tensor | None) -> tuple[Any, ...] | None:
     return (t.dim(), t.dtype, t.device.type, dense, t.storage_offset() * t.element_size() % 16)
 
 
-def _run(key: tuple[Any, ...], build: Callable[[], Graph], reads: int, *args: torch.Tensor | None) -> bool:
+def _run(
+    key: tuple[Any, ...], build: Callable[[], Graph], reads: int, *args: torch.Tensor | None, reread: int = 0
+) -> bool:
     """Run the graph of ``key`` (compiling it first on its first call) on ``args``, of which the first ``reads``
     are read and the others written; False when the fused path is unavailable or compiling fails (then it stays
     off for this process, said once, and the caller runs eager). A graph takes its sizes as symbols
@@ -194,7 +196,7 @@ def _run(key: tuple[Any, ...], build: Callable[[], Graph], reads: int, *args: to
         _GRAPHS[full] = graph
     from commbench.measure.opcount import footprint
 
-    IO["read"] += sum(footprint(a) for a in args[:reads] if a is not None)
+    IO["read"] += reread + sum(footprint(a) for a in args[:reads] if a is not None)
     IO["written"] += sum(footprint(a) for a in args[reads:] if a is not None)
     return True
 
@@ -202,7 +204,8 @@ def _run(key: tuple[Any, ...], build: Callable[[], Graph], reads: int, *args: to
 def moved_bytes(fn: Callable[[], object]) -> tuple[int, int]:
     """(bytes read, bytes written) by ``fn()``, whichever codec path runs it: its dispatched compute ops
     (:class:`commbench.measure.opcount.ByteCounter`), plus the inputs and outputs of the fused graphs it runs (a
-    graph's own intermediate buffers, such as a whole-chunk amax, are not seen)."""
+    graph's own intermediate buffers, such as a whole-chunk amax's partial maxima, are not seen; an input a graph
+    reads twice, as the whole-row amax does, is counted twice)."""
     from commbench.measure.opcount import ByteCounter
 
     before = dict(IO)
@@ -315,7 +318,10 @@ def encode_rows(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | Non
 
     tail = block is not None and m % block != 0
     short = block is not None and m < block
-    return _run(("enc", f.name, sc.name, block, k, tail, short, m == 1), build, 1, x, codes, scales if scaled else None)
+    key = ("enc", f.name, sc.name, block, k, tail, short, m == 1)
+    # a whole-row amax reads x once more, in its own kernels, before the cast's pass (_row_amax)
+    reread = x.numel() * x.element_size() if scaled and block is None else 0
+    return _run(key, build, 1, x, codes, scales if scaled else None, reread=reread)
 
 
 def decode_rows(
