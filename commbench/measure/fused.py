@@ -6,9 +6,9 @@ read and written per element to encode e4m3 with a scale (31 unscaled e5m2) and 
 a quarter of copy bandwidth. One graph lets inductor fuse the abs-max, the scale, the cast and the packing of the
 codes and scales into one kernel per encode (a block's amax is a per-row reduction in the same kernel; one
 scale per tensor needs a split reduction over the whole chunk first: :func:`_row_amax`), and the unpacking, the
-scale, the cast and the all_reduce's fp32 sum of the k decoded chunks into one kernel per decode: 4 + 1 (+ 4 for a whole-tensor amax)
-bytes per element to encode, 1 + 4 to decode and 1 + 4/k to decode and sum k chunks, plus 4 bytes per scale:
-what ``benchmarks/bench_codec_launches.py`` counts.
+scale, the cast and the all_reduce's fp32 sum of the k decoded chunks into one kernel per decode: 4 + 1 (+ 4 for a
+whole-tensor amax) bytes per element to encode, 1 + 4 to decode and 1 + 4/k to decode and sum k chunks, plus 4
+bytes per scale: what ``benchmarks/bench_codec_launches.py`` counts.
 
 Bits. The graphs compute what the eager path computes, in float32 with the same operations (the division by a
 power-of-two scale, the cast, the scale multiply), with two differences of form that cannot change a bit:
