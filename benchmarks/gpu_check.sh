@@ -5,12 +5,12 @@
 #
 # Without CUDA it prints one line saying why and exits 2: a check that tests nothing must not pass.
 # Each step runs as `python benchmarks/gpu_check.py step NAME` under its own timeout (seconds below, plus a
-# 2 s kill grace each; all of it together stays under 545 s: the device
-# machine's 560 s per command less a margin; sized from the first H200 run, where a CLI start costs about 10 s). A failed step does not stop the run;
-# the summary lists every step's pass/fail, wall time and key figures, and the script exits 1 if any step
-# failed. The bulky output (run directories, consoles) goes to a temporary work folder (kept with KEEP_WORK=1);
-# OUT_DIR gets three files: summary.txt, summary.json and logs.tar.gz (every step's log and record, the
-# consoles and metadata of the runs). What each step proves: docs/gpu.md.
+# 2 s kill grace each; all of it together stays under 545 s: the device machine's 560 s per command less a margin;
+# sized from the first H200 run, where a CLI start costs about 10 s). A failed step does not stop the run; the
+# summary lists every step's pass/fail, wall time and key figures, and the script exits 1 if any step failed.
+# The bulky output (run directories, consoles) goes to a temporary work folder (kept with KEEP_WORK=1); OUT_DIR
+# gets three files: summary.txt, summary.json and logs.tar.gz (every step's log and record, the consoles and
+# metadata of the runs). What each step proves: docs/gpu.md.
 #
 #   preflight     20  torch sees a CUDA device, else one line and exit 2
 #   device        12  versions: torch, CUDA, NCCL, GPU name, compute capability

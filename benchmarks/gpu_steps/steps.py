@@ -200,8 +200,8 @@ def step_codec_speed(ctx: Context, rep: StepReport) -> None:
         decode = partial(fp8.dequantize, q, s, fmt, scaling, CODEC_BLOCK, out=y)
         enc_s, enc_first = time_cuda(encode)
         dec_s, dec_first = time_cuda(decode)
-        moved = tuple(sum(fused.moved_bytes(fn)) / n for fn in (encode, decode))  # what the code path moves
-        f = copy_fraction(enc_s, dec_s, copy_s, n, moved=(moved[0], moved[1]))
+        enc_b, dec_b = (sum(fused.moved_bytes(fn)) / n for fn in (encode, decode))  # what the code path moves
+        f = copy_fraction(enc_s, dec_s, copy_s, n, moved=(enc_b, dec_b))
         label = f"{fmt} {scaling}"
         shown = {k: round(v, 3) for k, v in f.items() if k != "copy_gbps"}
         rep.fig(label, {**shown, "first_calls_s": round(enc_first + dec_first, 3)})
@@ -219,9 +219,9 @@ def step_codec_speed(ctx: Context, rep: StepReport) -> None:
 
 def step_training(ctx: Context, rep: StepReport) -> None:
     from commbench.store.results import load_training
-    from commbench.training.policies import list_policies
+    from commbench.training.policies import get_policy, list_policies
 
-    cuda_device()
+    dev = cuda_device()
     run, cli = run_suite(ctx, "training", TRAINING_TOML, ctx.left_s() - CLI_GRACE_S)
     rep.fig("cli_rc", cli.rc)
     rep.check(
@@ -233,10 +233,9 @@ def step_training(ctx: Context, rep: StepReport) -> None:
         rep.fail(f"cannot read the run directory: {e}")
         return
     skips = layout_skips(TRAINING_TOML, world_size=1)
-    import importlib.util
-
-    if importlib.util.find_spec("torchao") is None:  # the GPU image's torch may come without it: say so, not fail
-        no_ao = [p for p in list_policies() if "float8" in p and p not in skips]
-        rep.fig("policies_skipped_without_torchao", no_ao)
-        skips.update({p: "needs torchao" for p in no_ao})
-    check_training(rep, df, list_policies(), "cuda_allocator", skips)
+    # what this machine cannot run (the GPU image's torch may come without torchao), asked of each policy's sharding
+    # as the runner asks it: those have their one-line skip instead, listed, not failed
+    refused = {p: get_policy(p).sharding.environment_error(dev) for p in list_policies() if p not in skips}
+    refused = {p: why for p, why in refused.items() if why}
+    rep.fig("policies_skipped_by_environment", refused)
+    check_training(rep, df, list_policies(), "cuda_allocator", {**skips, **refused})

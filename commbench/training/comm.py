@@ -126,7 +126,7 @@ def _payload(t: torch.Tensor) -> torch.Tensor:
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    t = _payload(t)
+    """Bytes of a payload (:func:`_payload`)."""
     return int(t.numel() * t.element_size())
 
 
@@ -410,7 +410,7 @@ class CommCounter:
         peer = dst
         if peer is None and group_dst is not None:
             peer = group_dst if group is None else dist.get_global_rank(group, group_dst)
-        size = _nbytes(tensor)
+        size = _nbytes(_payload(tensor))
         link = self._link_of((dist.get_rank(), peer)) if peer is not None else "intra"
         with self._lock:
             self._add(f"send:{self.send_dtype() or dtype_name(tensor.dtype)}", size, size, link)
