@@ -56,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from commbench.cluster.emulate import EmulatedCluster, launch_job, list_namespaces, missing_requirements  # noqa: E402
+from commbench.cluster.emulate import EmulatedCluster, list_namespaces, missing_requirements  # noqa: E402
+from commbench.cluster.emulate_jobs import launch_job  # noqa: E402
 from commbench.planning import costmodel, fitting  # noqa: E402
 from commbench.store import results  # noqa: E402
 

@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import commbench  # noqa: E402
-from commbench.cluster.emulate import EmulatedCluster, launch_job, missing_requirements, rate_bits_per_s  # noqa: E402
+from commbench.cluster.emulate import EmulatedCluster, missing_requirements, rate_bits_per_s  # noqa: E402
+from commbench.cluster.emulate_jobs import launch_job  # noqa: E402
 from commbench.cluster.launch import cpu_model_name  # noqa: E402
 
 # Samples of >= 50 ms: link-bound ops (tens of ms to seconds on the shaped link) take one op per sample (20 per

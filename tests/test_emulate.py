@@ -19,11 +19,11 @@ import commbench
 from commbench.cluster.emulate import (
     EmulatedCluster,
     cleanup_stale,
-    launch_job,
     list_namespaces,
     missing_requirements,
     rate_bits_per_s,
 )
+from commbench.cluster.emulate_jobs import launch_job
 from tests.cli_util import FAST
 
 PREFIX = "cbtest"

@@ -11,7 +11,8 @@ import pytest
 
 import commbench
 from commbench.cli import main
-from commbench.cluster.emulate import EmulatedCluster, launch_job, missing_requirements
+from commbench.cluster.emulate import EmulatedCluster, missing_requirements
+from commbench.cluster.emulate_jobs import launch_job
 from tests.cli_util import FAST
 
 WHY = missing_requirements()

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import commbench
-from commbench.cluster.emulate import EmulatedCluster, missing_requirements, mpi_env, slurm_env, start_job, start_ranks
+from commbench.cluster.emulate import EmulatedCluster, missing_requirements
+from commbench.cluster.emulate_jobs import mpi_env, slurm_env, start_job, start_ranks
 from commbench.cluster.launch import detect_world, lost_peer
 from commbench.cluster.metadata import merge_nodes, nics
 from commbench.training.policies import get_policy
