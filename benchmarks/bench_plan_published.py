@@ -3,8 +3,8 @@
     python benchmarks/bench_plan_published.py [--runs ID,ID] [--no-calibration]
 
 Each run of ``benchmarks/data/published_runs.toml`` (Megatron-LM 2021 Table 1 and its ZeRO-3 comparison, Korthikanti
-et al. 2022, BLOOM 176B, Llama 3 405B Table 4, MLPerf v3.1 GPT-3; sources and assumptions in the file and in
-docs/validation.md) is priced as a user would price it: ``commbench plan --tp T --pp P --dp D --cp C --vpp V
+et al. 2022, BLOOM 176B, Llama 3 405B Table 4, MLPerf v3.1 GPT-3, Megatron-Core on H100, torchtitan and MosaicML MPT
+under FSDP, MT-NLG 530B; sources and assumptions in the file and in docs/validation.md) is priced as a user would price it: ``commbench plan --tp T --pp P --dp D --cp C --vpp V
 --micro-batch B --global-batch N --recompute R --gpu G --nodes N --gpus-per-node 8 --layers ... --out DIR``, run
 in-process through :func:`commbench.cli.main` with the CLI's own defaults, and its ``plan.csv`` is read back.
 
@@ -63,8 +63,9 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
 
 CHOICES = {
     "mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm"), "position": ("learned", "none"),
-    "recompute": ("none", "selective", "full"), "strategy": ("ddp", "zero1", "zero2", "zero3"),
-    "precision": ("bf16", "fp32"), "reference": ("step_time", "megatron_eq3", "model_tflops", "model_mfu", "palm_mfu"),
+    "recompute": ("none", "selective", "full"), "strategy": ("ddp", "zero1", "zero2", "zero3", "fsdp"),
+    "precision": ("bf16", "fp32"),
+    "reference": ("step_time", "megatron_eq3", "model_tflops", "model_mfu", "palm_mfu", "tokens_per_gpu"),
 }  # fmt: skip
 
 OPTIONAL_CHOICES = {"attention": ("eager", "flash"), "cp_comm": ("ring", "all_gather")}
@@ -121,7 +122,7 @@ def palm_flops(run: Run) -> float:
 def work(run: Run) -> float:
     """FLOPs of one step in the convention of the run's source (model FLOPs where it prints a time)."""
     by = {"megatron_eq3": eq3_flops, "palm_mfu": palm_flops, "model_tflops": model_flops, "model_mfu": model_flops,
-          "step_time": model_flops}  # fmt: skip
+          "step_time": model_flops, "tokens_per_gpu": palm_flops}  # fmt: skip
     return by[run["reference"]](run)
 
 
@@ -131,6 +132,8 @@ def published_step_time(run: Run) -> float:
         return float(run["published_step_time_s"])
     if run["reference"] == "model_mfu":
         return work(run) / (float(run["published_mfu"]) * float(run["published_peak_tflops"]) * 1e12 * gpus(run))
+    if run["reference"] == "tokens_per_gpu":
+        return run["global_batch"] * run["seq"] / (float(run["published_tokens_per_s_per_gpu"]) * gpus(run))
     return work(run) / (float(run["published_tflops_per_gpu"]) * 1e12 * gpus(run))
 
 
@@ -169,7 +172,8 @@ def validate(data: dict[str, Any]) -> list[str]:
             bad.append(f"{rid}: global batch {r['global_batch']} not a multiple of dp x micro-batch")
         if r["pp"] > r["layers"]:
             bad.append(f"{rid}: pp={r['pp']} > {r['layers']} layers")
-        needs = {"step_time": ("published_step_time_s",), "model_mfu": ("published_mfu", "published_peak_tflops")}
+        needs = {"step_time": ("published_step_time_s",), "model_mfu": ("published_mfu", "published_peak_tflops"),
+                 "tokens_per_gpu": ("published_tokens_per_s_per_gpu",)}
         for need in needs.get(r["reference"], ("published_tflops_per_gpu",)):
             if not isinstance(r.get(need), float) or r[need] <= 0:
                 bad.append(f"{rid}: reference {r['reference']} needs a positive float {need}")

@@ -147,6 +147,37 @@ def test_mcore_h100_columns_agree() -> None:
         assert bpp.params(r) / 1e9 == pytest.approx(r["published_params_b"], rel=0.03, abs=0.06), r["id"]
 
 
+def test_torchtitan_mfu_follows_wps() -> None:
+    # torchtitan's MFU: (6 N + 12 l h s) FLOPs per token (N all parameters) x WPS per GPU over the A100's peak
+    for r in of("torchtitan_a100"):
+        per_token = bpp.palm_flops(r) / (r["global_batch"] * r["seq"])
+        mfu = per_token * r["published_tokens_per_s_per_gpu"] / A100_PEAK
+        assert mfu == pytest.approx(r["published_mfu"], abs=0.0015), r["id"]
+        assert r["global_batch"] == r["micro_batch"] * r["dp"] == r["micro_batch"] * 64  # local batch x 64 FSDP ranks
+
+
+def test_mpt_columns_agree() -> None:
+    # MPT's NumParams is the shape's exact count (biases, LayerNorm, learned positions, tied embeddings); T/s/GPU x
+    # GPUs is the printed T/s; the MFU formula is PaLM's per token (3 x 2 N s + 3 x 4 l d s^2 per sequence)
+    assert len(of("mpt")) == 7
+    for r in of("mpt"):
+        n = bpp.gpus(r)
+        assert bpp.params(r) == r["published_params"], r["id"]
+        assert r["published_tokens_per_s_per_gpu"] * n == pytest.approx(r["published_tokens_per_s"], rel=2e-3)
+        peak = {"a100": A100_PEAK, "h100": H100_PEAK}[r["gpu"]]
+        per_token = bpp.palm_flops(r) / (r["global_batch"] * r["seq"])
+        assert per_token * r["published_tokens_per_s"] / (n * peak) == pytest.approx(r["published_mfu"], abs=0.001)
+
+
+def test_mtnlg_tflops_follow_eq3() -> None:
+    # MT-NLG's printed TFLOP/s are Eq. 3's FLOPs (full recompute) over the printed iteration time
+    rows = of("mtnlg")
+    assert [bpp.gpus(r) for r in rows] == [2240, 2800, 3360] and {r["global_batch"] for r in rows} == {1920}
+    for r in rows:
+        tflops = bpp.eq3_flops(r) / (r["published_step_time_s"] * bpp.gpus(r)) / 1e12
+        assert tflops == pytest.approx(r["published_tflops_per_gpu"], abs=0.6), r["id"]
+
+
 def test_mlperf_global_batch() -> None:
     r = RUNS["mlperf31-gpt3-10752"]
     assert r["global_batch"] == 8 * (bpp.gpus(r) // (r["tp"] * r["pp"]))  # GBS = MINIBS x (GPUs // (TP x PP))
@@ -229,7 +260,7 @@ def test_runs_before_flash_attention_are_eager() -> None:
     # FlashAttention (Dao et al., arXiv 2205.14135) appeared in May 2022: Megatron-LM's 2021 and Korthikanti et al.'s
     # runs and BLOOM's Megatron-DeepSpeed wrote the attention scores; the 2024 runs are flash (the default)
     for r in DATA["run"]:
-        eager = r["source"] in ("nar21_t1", "nar21_t2", "kor22", "bloom")
+        eager = r["source"] in ("nar21_t1", "nar21_t2", "kor22", "bloom", "mtnlg")
         assert r.get("attention", "flash") == ("eager" if eager else "flash"), r["id"]
 
 
@@ -329,14 +360,14 @@ def test_price_reads_what_the_cli_leaves(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.timeout(300)
 def test_held_out_runs_stay_as_close_as_they_are() -> None:
-    # the real plan, one kernel efficiency per GPU kind from the data file's two calibration runs, the 44 others
+    # the real plan, one kernel efficiency per GPU kind from the data file's two calibration runs, the 58 others
     # held out: the floor is what they meet (docs/validation.md), never tuned to the plan's output row by row
     outcomes, k, _ = bpp.evaluate(DATA, DATA["run"], bpp.plan_flags(), calibrated=True)
     s = bpp.summary(outcomes)
     assert s["priced"] == s["of"] == len(DATA["run"]) - 2
-    assert s["within_20"] >= 42 and s["within_10"] >= 36 and s["inside"] == s["of"]
+    assert s["within_20"] >= 55 and s["within_10"] >= 46 and s["inside"] >= s["of"] - 1
     assert s["median_abs_err"] <= 0.05 and s["max_abs_err"] <= 0.34
     assert all(0.5 < v < 0.8 for v in k.values() if v is not None)  # a fraction of peak a GEMM reaches
     ranked = {rid: same for rid, _c, published, same in bpp.rankings(DATA, outcomes) if published}
-    assert len(ranked) == len(DATA["ranking"]) and sum(bool(v) for v in ranked.values()) >= 13
+    assert len(ranked) == len(DATA["ranking"]) and sum(bool(v) for v in ranked.values()) >= 15
     assert all(v for rid, v in ranked.items() if rid.startswith("t2-"))  # PTD-P vs ZeRO-3 as GPUs grow

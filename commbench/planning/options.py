@@ -309,7 +309,9 @@ class DPSchedule:
 
 
 DEEPSPEED_PREFETCH_ELEMENTS = 50_000_000
-"""DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size`` default: parameters per all-gather call."""
+"""DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size`` default: the call size the plan prices ZeRO-3's gathers at.
+DeepSpeed itself gathers one parameter per call and prefetches this many ahead; its 2021 gathers ran far below the
+links, which these smaller calls' ring latency stands in for (docs/validation.md, "The misses")."""
 DEEPSPEED_REDUCE_ELEMENTS = 500_000_000
 """DeepSpeed ``reduce_bucket_size`` default: gradients per reduce-scatter call."""
 
