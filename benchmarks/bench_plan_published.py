@@ -157,7 +157,7 @@ def validate(data: dict[str, Any]) -> list[str]:
             continue
         bad += [f"{rid}: {k}={r[k]!r} not one of {', '.join(v)}" for k, v in CHOICES.items() if r[k] not in v]
         bad += [f"{rid}: assumed names unknown field {a!r}" for a in r["assumed"] if a not in r]
-        for key in ("tp_comm_overlap", "fp8_gemms"):
+        for key in ("tp_comm_overlap", "fp8_gemms", "overlap_param_gather"):
             if not isinstance(r.get(key, False), bool):
                 bad.append(f"{rid}: {key} not bool")
         bad += [f"{rid}: {key}={r[key]!r} not one of {', '.join(v)}" for key, v in OPTIONAL_CHOICES.items()
@@ -225,6 +225,7 @@ def plan_argv(
         ("--sequence-parallel", run["sequence_parallel"]),
         ("--tp-comm-overlap", run.get("tp_comm_overlap")),
         ("--fp8-gemms", run.get("fp8_gemms")),
+        ("--overlap-param-gather", run.get("overlap_param_gather")),
     ):
         if on and flag in flags:  # optional: a plan without the flag prices the run without it
             argv.append(flag)

@@ -30,10 +30,14 @@ def test_flops_are_megatrons_formula() -> None:
     # Narayanan et al. 2021, eq. 3: with full recompute 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) FLOPs per step
     f = layer_flops(GPT3)
     s, h, L, V = GPT3.seq, GPT3.hidden, GPT3.layers, GPT3.vocab
-    from commbench.planning.activations import RECOMPUTES
+    from commbench.planning.activations import ATTENTIONS, RECOMPUTES
 
-    per_token = L * f.layer_passes(RECOMPUTES["full"]) + 3 * f.logits
+    per_token = L * f.layer_passes(RECOMPUTES["full"], ATTENTIONS["eager"]) + 3 * f.logits
     assert per_token == pytest.approx(96 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), rel=1e-12)
+    # flash attention's backward recomputes QK^T: half a forward of the core (4 s h) more per layer, in every mode
+    for name, rec in RECOMPUTES.items():
+        extra = f.layer_passes(rec, ATTENTIONS["flash"]) - f.layer_passes(rec, ATTENTIONS["eager"])
+        assert extra == pytest.approx(0.5 * 4 * s * h, rel=1e-12), name
     # model FLOPs (MFU's numerator) are the three-pass form: 72 l h^2 (1 + s/(6h)) + 6 h V
     assert f.model_per_token(L) == pytest.approx(72 * L * h * h * (1 + s / (6 * h)) + 6 * h * V, rel=1e-12)
 

@@ -61,6 +61,7 @@ def add_plan_parser(sub: Any) -> None:
     pl.add_argument("--vpp", type=int_list, help="virtual stages per pipeline stage (interleaved 1F1B; default 1)")
     pl.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism with TP (Megatron's flag; a layout)")
     pl.add_argument("--tp-comm-overlap", action="store_true", help="TP collectives pipelined with the matmuls (Megatron's flag; a layout)")
+    pl.add_argument("--overlap-param-gather", action="store_true", help="ZeRO-1/2's parameter gather during the next forward (Megatron-Core's flag; a layout)")
     pl.add_argument("--fp8-gemms", action="store_true", help="FP8 linear layers (Transformer Engine): the GEMMs at the FP8 peak (a layout)")
     pl.add_argument("--cp-comm", default="ring", help="ring (default: Megatron's, hidden) | all_gather (Llama 3's, exposed)")
     pl.add_argument("--pp-split", help="layers per pipeline stage, e.g. 13,12,12,11 (default: balanced)")
@@ -138,7 +139,7 @@ def _cmd_layout(args: argparse.Namespace, model: Path | None, shape: dict[str, o
         micro_batch=_one("micro-batch", args.micro_batch, 1), global_batch=args.global_batch,
         global_batch_tokens=args.global_batch_tokens, recompute=args.recompute or "none", pp_split=args.pp_split,
         sequence_parallel=args.sequence_parallel, tp_comm_overlap=args.tp_comm_overlap,
-        fp8_gemms=args.fp8_gemms, cp_comm=args.cp_comm,
+        fp8_gemms=args.fp8_gemms, cp_comm=args.cp_comm, overlap_param_gather=args.overlap_param_gather,
         gpu=args.gpu or "h100", nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         strategies=args.strategies or ["ddp"], precisions=args.precisions or ["bf16"], optimizer=args.optimizer,
         attention=args.attention, kernel_efficiency=args.kernel_efficiency, compute_ms=args.compute_ms,

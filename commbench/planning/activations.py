@@ -43,6 +43,10 @@ class Attention:
     name: str
     keeps_scores: bool
     description: str
+    backward_core: float = 2.0
+    """Forward-equivalents of the attention core its backward computes: 2 (dV, dP, dQ, dK from the kept scores);
+    flash attention recomputes QK^T from Q and K first, 5 matmuls to forward's 2: 2.5 (Dao-AILab/flash-attention
+    ``benchmarks/benchmark_flash_attention.py``, ``flops(..., mode="bwd")`` = 2.5 x forward)."""
 
     def score_bytes(self, s: int, b: int, heads: int) -> float:
         """Bytes per layer of the scores (16-bit; Korthikanti section 4.1: ``5*a*s^2*b``), before TP."""
@@ -52,7 +56,8 @@ class Attention:
 ATTENTIONS: dict[str, Attention] = {
     a.name: a
     for a in (
-        Attention("flash", False, "flash attention: no s x s tensor kept (Dao et al. 2022)"),
+        Attention("flash", False, "flash attention: no s x s tensor kept, QK^T recomputed in backward (Dao et al. 2022)",
+                  backward_core=2.5),
         Attention("eager", True, "eager attention: QK^T, softmax, dropout mask and output kept (5*a*s^2*b)"),
     )
 }

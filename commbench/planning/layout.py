@@ -11,8 +11,9 @@ FLOPs (Narayanan et al. 2021, appendix; Korthikanti et al. 2022, section 6), per
 * the attention core ``4*s*h`` (QK^T and the product with V, the full s x s square as Megatron counts it),
 * the MLP ``2*h*ffn*k`` with ``k`` = 3 for a gated (SwiGLU) MLP, 2 for GeLU,
 
-and the logits ``2*h*V`` once per token. Backward is twice the forward. Model FLOPs (MFU's numerator) are 3 passes;
-hardware FLOPs add the recomputation: ``full`` reruns every layer's forward (Megatron's
+and the logits ``2*h*V`` once per token. Backward is twice the forward, except flash attention's, which recomputes
+QK^T first: its core's backward is 2.5 forwards (:attr:`~commbench.planning.activations.Attention.backward_core`).
+Model FLOPs (MFU's numerator) are 3 passes; hardware FLOPs add the recomputation: ``full`` reruns every layer's forward (Megatron's
 ``96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))`` at ffn = 4h, kv = a: 4 passes of the layers, 3 of the logits),
 ``selective`` reruns the attention core (``4*s*h`` per layer). For GPT-3 175B the model count per token is
 ``72*h^2*l*(1 + s/(6h)) + 6*h*V``, the same formula's three-pass form.
@@ -31,7 +32,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from commbench.planning.activations import RECOMPUTES, Recompute
+from commbench.planning.activations import RECOMPUTES, Attention, Recompute
 from commbench.planning.presets import ModelShape
 
 MAX_GPUS = 2**22
@@ -147,10 +148,12 @@ class LayerFlops:
         """Model FLOPs per token of a step (3 passes, no recomputation): MFU's numerator."""
         return 3.0 * (layers * self.layer + self.logits)
 
-    def layer_passes(self, recompute: Recompute) -> float:
-        """Hardware FLOPs per token of one layer per step: forward, backward and what ``recompute`` reruns."""
+    def layer_passes(self, recompute: Recompute, attention: Attention) -> float:
+        """Hardware FLOPs per token of one layer per step: forward, backward (the attention core's as the kernel
+        computes it, :attr:`~commbench.planning.activations.Attention.backward_core`) and what ``recompute``
+        reruns."""
         extra = self.layer if not recompute.keeps_layer else (0.0 if recompute.keeps_scores else self.core)
-        return 3.0 * self.layer + extra
+        return 3.0 * self.layer + (attention.backward_core - 2.0) * self.core + extra
 
 
 def layer_flops(m: ModelShape) -> LayerFlops:

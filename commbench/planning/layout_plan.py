@@ -137,6 +137,7 @@ def plan_layout(
     cp: int = 1, vpp: int = 1, micro_batch: int = 1, global_batch: int | None = None,
     global_batch_tokens: int | None = None, recompute: str = "none", pp_split: str | Sequence[int] | None = None,
     sequence_parallel: bool = False, tp_comm_overlap: bool = False, fp8_gemms: bool = False, cp_comm: str = "ring",
+    overlap_param_gather: bool = False,
     gpu: str = "h100", nodes: int | None = None, gpus_per_node: int | None = None,
     strategies: Sequence[str] = ("ddp",), precisions: Sequence[str] = ("bf16",), optimizer: str = "adam",
     attention: str = "flash", kernel_efficiency: float | None = None, compute_ms: float | None = None,
@@ -191,7 +192,7 @@ def plan_layout(
         for pname in precisions:
             setup = Setup(m, g, gpn, STRATEGIES[sname], sname, PRECISIONS[pname], pname, OPTIMIZERS[optimizer],
                           effs, mfu, compute_ms, overlap, memory, headroom, attention, src, bool(tp_comm_overlap),
-                          bool(fp8_gemms), cp_comm)  # fmt: skip
+                          bool(fp8_gemms), cp_comm, bool(overlap_param_gather))  # fmt: skip
             try:
                 rows.append(price_layout(setup, lay, pricer))
             except ValueError as e:  # fp8 gradient communication without a DDP hook, ...

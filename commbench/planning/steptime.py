@@ -114,6 +114,10 @@ class Setup:
     """How context parallelism exchanges K/V (``--cp-comm``): ``ring`` (Megatron-LM's ring attention, the next
     block sent while the current one is computed) or ``all_gather`` (Llama 3, section 3.3.2: K and V all-gathered
     before the attention core, "exposed in the critical path"; their gradients reduce-scattered in backward)."""
+    overlap_param_gather: bool = False
+    """Megatron-Core's ``--overlap-param-gather`` (Apex DistributedFusedAdam's ``overlap_param_sync``, FSDP's
+    prefetch): the parameter all-gather after the optimizer step runs bucket by bucket during the next step's first
+    forward, so only what exceeds that forward (and at least the first bucket) is exposed."""
 
 
 @dataclass(slots=True)
@@ -141,7 +145,8 @@ def exposure(kind: str, comm: float, window: float, overlap: float | None) -> tu
       is prefetched behind the current layer's compute only, so what exceeds that compute is exposed;
     * ``fsdp_root``: the first unit's gather has no compute before it, its last reduce-scatter none after it;
     * ``dp_grads``: DDP's buckets reduce behind the last micro-batch's backward; the last bucket after it;
-    * ``param_gather``: after the optimizer step, before the next forward: exposed;
+    * ``param_gather``: after the optimizer step, before the next forward: exposed; with
+      ``--overlap-param-gather``, gathered during the next step's first forward (:func:`dp_exposure`);
     * ``zero3_serial``: a strategy whose per-layer calls are not prefetched (``DPSchedule.overlapped`` False:
       DeepSpeed ZeRO-3 as Narayanan et al. 2021 measured it, section 5.2): exposed.
 
@@ -163,12 +168,16 @@ def exposure(kind: str, comm: float, window: float, overlap: float | None) -> tu
     }.get(kind, "behind its window")
 
 
-def dp_exposure(total: float, last_bucket: float, backward: float, overlap: float | None) -> tuple[float, str]:
-    """DDP-style gradient buckets behind the last micro-batch's backward: what exceeds it, and at least the last
-    bucket (which starts when the backward ends). The ``dp_grads`` rule of :func:`exposure`."""
+def dp_exposure(
+    total: float, edge_bucket: float, window: float, overlap: float | None,
+    why: str = "buckets behind the last micro-batch's backward; the last after it",
+) -> tuple[float, str]:  # fmt: skip
+    """Bucketed data-parallel calls behind a window of compute: what exceeds it, and at least the bucket at its edge.
+    The ``dp_grads`` rule of :func:`exposure` (the last micro-batch's backward; the last bucket starts when it ends),
+    and with ``--overlap-param-gather`` the parameter gather's (the next first forward; it waits for the first)."""
     if overlap is not None:
-        return exposure("dp", total, backward, overlap)
-    return max(last_bucket, total - backward), "buckets behind the last micro-batch's backward; the last after it"
+        return exposure("dp", total, window, overlap)
+    return max(edge_bucket, total - window), why
 
 
 def _stage_params(m: ModelShape, split: tuple[int, ...], i: int) -> float:
@@ -204,7 +213,7 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
     tokens_mb = p.micro_batch * m.seq
     peak = g.peak("bfloat16" if prec.param_bytes < 4 else "float32")
     per_gpu = tokens_mb / (p.tp * p.cp)
-    layer_hw = f.layer_passes(p.recompute)
+    layer_hw = f.layer_passes(p.recompute, ATTENTIONS[s.attention])
     head_hw = 3.0 * f.logits  # the logits, on the last stage
     total_hw = m.layers * layer_hw + head_hw
     hw_step = total_hw * tokens_mb * mbs * p.dp  # hardware FLOPs of the whole step
@@ -214,12 +223,14 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
 
     ex = _comm(s, p, f, split, pricer, per_gpu, peak / fp8, effs)
     traffic = _layer_traffic(s, p)
-    passes = layer_hw / f.layer
+    casts = _fp8_cast_bytes(s, p)
+    passes = f.layer_passes(p.recompute, ATTENTIONS["eager"]) / f.layer  # over the activations: flash's recompute
+    # of QK^T stays inside its kernel
     # the slowest stage is the fullest of the others or the last (it adds the logits): two candidates, any pp
     fullest = max(split[:-1]) if pp > 1 else 0
     times = []
     for k in range(3):
-        elementwise = passes * traffic / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k]) if s.compute_ms is None else 0.0
+        elementwise = (passes * traffic + casts) / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k]) if s.compute_ms is None else 0.0
         per_layer_c = layer_hw * fp8 * per_gpu / (peak * effs[k]) + elementwise
         head_c = head_hw * per_gpu / (peak * effs[k])
         if s.compute_ms is None:  # the loss over the vocabulary, memory-bound, on the last stage
@@ -271,7 +282,8 @@ def _fp8_factor(s: Setup, p: Parallel, f: LayerFlops, layer_hw: float, peak: flo
     FLOPs at the float8 peak, the attention core's (every pass that runs it) at ``peak``."""
     if not s.fp8_gemms:
         return 1.0
-    core = f.core * (3.0 + (0.0 if p.recompute.keeps_layer and p.recompute.keeps_scores else 1.0))
+    core = f.core * (1.0 + ATTENTIONS[s.attention].backward_core
+                     + (0.0 if p.recompute.keeps_layer and p.recompute.keeps_scores else 1.0))
     return (core + (layer_hw - core) * peak / s.gpu.peak("float8")) / layer_hw
 
 
@@ -424,7 +436,11 @@ def _bucketed(
     for k, t in enumerate((c.low, c.mid, c.high)):
         total = buckets * t
         if kind == "param_gather":
-            e, why = exposure("param_gather", total, 0.0, s.overlap)
+            if s.overlap_param_gather:
+                e, why = dp_exposure(total, t, layers * t_layer(k, 1.0), s.overlap,
+                                     "gathered bucket by bucket during the next first forward (--overlap-param-gather)")
+            else:
+                e, why = exposure("param_gather", total, 0.0, s.overlap)
             ex.per_step[k] += e
         else:
             e, why = dp_exposure(total, t, layers * t_layer(k, bwd_passes), s.overlap)
@@ -434,6 +450,23 @@ def _bucketed(
                 ex.per_step[k] += e
         ex.total_comm[k] += total * (p.microbatches if per_mb else 1)
     ex.reasons[kind if kind == "param_gather" else f"dp_{op}"] = why
+
+
+def _fp8_cast_bytes(s: Setup, p: Parallel) -> float:
+    """HBM bytes per GPU and micro-batch of one layer's FP8 casts (0 without ``fp8_gemms``): Transformer Engine's
+    FP8 linear layers cast each input to FP8 with its transpose for the weight gradient (``cast_transpose``: 2 bytes
+    read, 1 + 1 written per element), forward and in a full recompute's second forward, and each output gradient
+    likewise in backward. Inputs per token: the QKV and fc1 layers' h (the whole sequence on every TP rank), the
+    output projection's h/t and fc2's ffn/t; output gradients: QKV's h(1 + 2 kv/a)/t, the projection's h, fc1's
+    ffn k/t (k = 2 gated), fc2's h. The weights' casts (once per step) are left out."""
+    if not s.fp8_gemms:
+        return 0.0
+    m, t = s.model, p.tp
+    rows = p.micro_batch * m.seq / p.cp
+    inputs = 2.0 * m.hidden + m.hidden / t + m.ffn / t
+    grads = m.hidden * (1.0 + 2.0 * m.kv_heads / m.heads) / t + 2.0 * m.hidden + m.ffn * (2 if m.gated_mlp else 1) / t
+    forwards = 1.0 if p.recompute.keeps_layer else 2.0
+    return 4.0 * rows * (forwards * inputs + grads)
 
 
 def _layer_traffic(s: Setup, p: Parallel) -> float:
