@@ -117,11 +117,11 @@ from gpu_steps.steps import (  # noqa: E402, F401 - re-exported: the tests and t
 STEPS: dict[str, Callable[[Context, StepReport], None]] = {
     "device": step_device,
     "sweep": step_sweep,
+    "codec_exact": step_codec_exact,
+    "codec_speed": step_codec_speed,
     "sweep_256m": step_sweep_256m,
     "native": step_native,
     "hook": step_hook,
-    "codec_exact": step_codec_exact,
-    "codec_speed": step_codec_speed,
     "counts": step_counts,
     "training": step_training,
     "memory": step_memory,

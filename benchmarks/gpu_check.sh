@@ -14,12 +14,12 @@
 #
 #   preflight     20  torch sees a CUDA device, else one line and exit 2
 #   device        12  versions: torch, CUDA, NCCL, GPU name, compute capability
-#   sweep         46  every collective x precision, 1-rank NCCL world, 4K and 1M, every #wrong == 0
-#   sweep_256m    42  the same grid at 256M, timed with CUDA events, every #wrong == 0
+#   sweep         46  every collective x precision, 1-rank NCCL world, 4K and 1M, every #wrong == 0 (eager codec)
+#   codec_exact   42  fp8 encode/decode CPU vs CUDA bit for bit, e4m3/e5m2 x tensor/block/none (compiles the codec)
+#   codec_speed   38  encode + decode at 256M as a fraction of the device copy bandwidth
+#   sweep_256m    42  the same grid at 256M, timed with CUDA events, every #wrong == 0 (fused codec)
 #   native        30  native fp8 on all_reduce/reduce_scatter: rows with impl fp8_native, or skipped with a note
 #   hook          36  the codec DDP hook against the synchronous chunked all_reduce, bit for bit; its control
-#   codec_exact   42  fp8 encode/decode CPU vs CUDA bit for bit, e4m3/e5m2 x tensor/block/none
-#   codec_speed   38  encode + decode at 256M as a fraction of the device copy bandwidth
 #   counts        30  kernels and bytes per element of encode, decode, fp8 all_reduce; events vs host clock
 #   training      90  every training policy steps on CUDA: memory kind cuda_allocator, finite loss and drift
 #   memory        36  the fp32 peak twice in one process, and after a sweep vs training alone
@@ -36,11 +36,11 @@ SUMMARY_TIMEOUT=9
 STEPS=(
     "device 12"
     "sweep 46"
+    "codec_exact 42"
+    "codec_speed 38"
     "sweep_256m 42"
     "native 30"
     "hook 36"
-    "codec_exact 42"
-    "codec_speed 38"
     "counts 30"
     "training 90"
     "memory 36"

@@ -258,6 +258,29 @@ def test_a_step_that_raises_fails_naming_the_exception(tmp_path: Path, monkeypat
     assert rep.failures == [f"no CUDA device visible to torch {torch.__version__} (built with CUDA None)"]
 
 
+def test_the_codec_compiles_once_before_the_fused_runs(tmp_path: Path, monkeypatch: Any) -> None:
+    # the first sweep runs the eager codec (no compile inside its limit); codec_exact compiles the fused graphs
+    # (inductor's on-disk cache), and only then do the steps that run the fused codec in a CLI come
+    import gpu_steps.steps as steps
+    from gpu_steps.runs import CliRun
+
+    from commbench.measure import fused
+
+    seen: list[dict[str, str] | None] = []
+
+    def fake_cli(args: Any, log: Path, timeout_s: float, env: Any = None) -> CliRun:
+        seen.append(env)
+        return CliRun(1, "", 0)
+
+    monkeypatch.setattr(steps, "cuda_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(steps, "run_cli", fake_cli)
+    gc.run_step("sweep", tmp_path, 80)
+    gc.run_step("sweep_256m", tmp_path, 80)
+    assert seen == [{fused.ENV: "0"}, None]
+    order = list(gc.STEPS)
+    assert order.index("codec_exact") < min(order.index(n) for n in ("sweep_256m", "hook", "counts", "training"))
+
+
 # --------------------------------------------------------------------------------------------- checkers
 
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,16 +48,17 @@ class CliRun:
     """Its process group (empty once it returned: the tests check that)."""
 
 
-def run_cli(args: Sequence[str], log: Path, timeout_s: float) -> CliRun:
+def run_cli(args: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None) -> CliRun:
     """``python -m commbench ARGS`` with its console (stdout and stderr) teed into ``log`` and to stdout.
 
     It runs in a process group of its own so that, past ``timeout_s``, SIGINT reaches the launcher and its ranks
     at once (the launcher's Ctrl-C path stops the ranks and names the point), then SIGKILL reaches whatever is
     left; a SIGTERM to this process (the driver's timeout) does the same first, so no rank outlives the step
-    holding the GPU."""
+    holding the GPU. ``env``: variables set for this run only."""
     import threading
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "commbench", *args]
     chunks: list[str] = []
