@@ -56,8 +56,8 @@ class Attention:
 ATTENTIONS: dict[str, Attention] = {
     a.name: a
     for a in (
-        Attention("flash", False, "flash attention: no s x s tensor kept, QK^T recomputed in backward (Dao et al. 2022)",
-                  backward_core=2.5),
+        Attention("flash", False, "flash attention: no s x s tensor kept, QK^T recomputed in backward (Dao et al. "
+                  "2022)", backward_core=2.5),
         Attention("eager", True, "eager attention: QK^T, softmax, dropout mask and output kept (5*a*s^2*b)"),
     )
 }

@@ -65,7 +65,8 @@ KERNEL_RANGE = 0.10
 """Half-width of the kernel-efficiency interval (of peak): the presets' and a given ``--kernel-efficiency``'s."""
 CALIBRATION: dict[str, str] = {
     "a100": "calibrated on Narayanan et al. 2021's GPT-3 175B PTD-P run on 384 A100s (0.674)",
-    "h100": "calibrated on Megatron-Core r0.8.0's GPT-3 177B run on 2304 H100s, TP and DP communication overlapped (0.625)",
+    "h100": "calibrated on Megatron-Core r0.8.0's GPT-3 177B run on 2304 H100s, TP and DP communication overlapped "
+            "(0.625)",
     "h200": "the H100's (same tensor cores), not calibrated on an H200 run",
     "b200": "a first estimate below the H100's, not calibrated on a B200 run",
 }

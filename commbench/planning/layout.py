@@ -13,8 +13,9 @@ FLOPs (Narayanan et al. 2021, appendix; Korthikanti et al. 2022, section 6), per
 
 and the logits ``2*h*V`` once per token. Backward is twice the forward, except flash attention's, which recomputes
 QK^T first: its core's backward is 2.5 forwards (:attr:`~commbench.planning.activations.Attention.backward_core`).
-Model FLOPs (MFU's numerator) are 3 passes; hardware FLOPs add the recomputation: ``full`` reruns every layer's forward (Megatron's
-``96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))`` at ffn = 4h, kv = a: 4 passes of the layers, 3 of the logits),
+Model FLOPs (MFU's numerator) are 3 passes; hardware FLOPs add the recomputation: ``full`` reruns every layer's
+forward (Megatron's ``96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))`` at ffn = 4h, kv = a: 4 passes of the layers, 3 of the
+logits),
 ``selective`` reruns the attention core (``4*s*h`` per layer). For GPT-3 175B the model count per token is
 ``72*h^2*l*(1 + s/(6h)) + 6*h*V``, the same formula's three-pass form.
 

@@ -224,17 +224,18 @@ def price_layout(s: Setup, p: Parallel, pricer: Pricer) -> dict[str, Any]:
     ex = _comm(s, p, f, split, pricer, per_gpu, peak / fp8, effs)
     traffic = _layer_traffic(s, p)
     casts = _fp8_cast_bytes(s, p)
-    passes = f.layer_passes(p.recompute, ATTENTIONS["eager"]) / f.layer  # over the activations: flash's recompute
-    # of QK^T stays inside its kernel
+    # passes over the layer's activations (flash attention's recompute of QK^T stays inside its kernel)
+    passes = f.layer_passes(p.recompute, ATTENTIONS["eager"]) / f.layer
     # the slowest stage is the fullest of the others or the last (it adds the logits): two candidates, any pp
     fullest = max(split[:-1]) if pp > 1 else 0
     times = []
     for k in range(3):
-        elementwise = (passes * traffic + casts) / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k]) if s.compute_ms is None else 0.0
+        hbm = g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k]
+        elementwise = (passes * traffic + casts) / hbm if s.compute_ms is None else 0.0
         per_layer_c = layer_hw * fp8 * per_gpu / (peak * effs[k]) + elementwise
         head_c = head_hw * per_gpu / (peak * effs[k])
         if s.compute_ms is None:  # the loss over the vocabulary, memory-bound, on the last stage
-            head_c += LOSS_BYTES_PER_LOGIT * per_gpu * m.vocab / (g.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k])
+            head_c += LOSS_BYTES_PER_LOGIT * per_gpu * m.vocab / hbm
         stages = [(split[-1] * per_layer_c + head_c, split[-1])]
         if pp > 1:
             stages.append((fullest * per_layer_c, fullest))
