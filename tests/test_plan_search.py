@@ -47,6 +47,38 @@ def test_a_searched_row_is_the_fixed_layouts_price(grid: pd.DataFrame) -> None:
     assert r["bubble_frac"] == pytest.approx((2 - 1) / (64 // 4))  # Narayanan: (p-1)/m
 
 
+def test_the_search_prices_the_layout_switches_as_the_fixed_layout_does() -> None:
+    # --tp-comm-overlap, --overlap-param-gather, --fp8-gemms and --cp-comm apply to every layout the search prices,
+    # each exactly as `plan --tp --pp --dp` with the same switch
+    from commbench.planning.layout_plan import plan_layout
+
+    kw = {"tp_comm_overlap": True, "overlap_param_gather": True, "fp8_gemms": True}
+    df = search(model_preset="llama2-7b", gpus=[16], tp=[2], pp=[2], vpp=[1], strategies=["zero1"],
+                precisions=["bf16"], micro_batch=1, global_batch_tokens=64 * 4096, **kw)  # fmt: skip
+    fixed = plan_layout(model_preset="llama2-7b", tp=2, pp=2, dp=4, global_batch=64, strategies=["zero1"],
+                        recompute="selective", sequence_parallel=True, **kw).iloc[0]  # fmt: skip
+    plain = plan_layout(model_preset="llama2-7b", tp=2, pp=2, dp=4, global_batch=64, strategies=["zero1"],
+                        recompute="selective", sequence_parallel=True).iloc[0]  # fmt: skip
+    r = one(df, tp=2, pp=2)
+    assert r["step_time_s"] == pytest.approx(fixed["step_time_s"], rel=1e-12)
+    assert fixed["step_time_s"] < plain["step_time_s"]
+    with pytest.raises(ValueError, match="unknown cp_comm 'tree'; valid: ring, all_gather"):
+        search(model_preset="llama2-7b", gpus=[16], cp_comm="tree")
+    with pytest.raises(ValueError, match="a100 has no float8 peak"):
+        search(model_preset="llama2-7b", gpus=[16], gpu="a100", fp8_gemms=True)
+
+
+@pytest.mark.parametrize("flag", [["--tp-comm-overlap"], ["--overlap-param-gather"], ["--fp8-gemms"],
+                                  ["--sequence-parallel"], ["--cp-comm", "all_gather"]])  # fmt: skip
+def test_the_flat_plan_refuses_a_layout_switch_in_one_line(
+    flag: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = cli.main(["plan", "--model-preset", "llama2-7b", *flag, "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "describes how a layout runs" in err[0] and flag[0] in err[0], err
+    assert not (tmp_path / "p").exists()
+
+
 def test_rules_rank_and_reasons(grid: pd.DataFrame) -> None:
     ok = grid[grid["ruled_out"] == ""]
     assert not ok.empty and list(ok["rank"]) == list(range(1, len(ok) + 1))

@@ -17,6 +17,8 @@ def int_list(text: str) -> list[int]:
 
 LAYOUT_FLAGS = ("tp", "pp", "dp", "cp", "vpp", "global_batch", "pp_split")
 """Flags that make a plan price one given layout (without --gpus / a target)."""
+LAYOUT_KINDS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "fp8_gemms")
+"""Switches of how a layout runs: priced by the fixed layout and the search, meaningless to the flat plan."""
 
 
 def add_plan_parser(sub: Any) -> None:
@@ -60,9 +62,9 @@ def add_plan_parser(sub: Any) -> None:
     pl.add_argument("--cp", type=int_list, help="context-parallel degree (default 1)")
     pl.add_argument("--vpp", type=int_list, help="virtual stages per pipeline stage (interleaved 1F1B; default 1)")
     pl.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism with TP (Megatron's flag; a layout)")
-    pl.add_argument("--tp-comm-overlap", action="store_true", help="TP collectives pipelined with the matmuls (Megatron's flag; a layout)")
-    pl.add_argument("--overlap-param-gather", action="store_true", help="ZeRO-1/2's parameter gather during the next forward (Megatron-Core's flag; a layout)")
-    pl.add_argument("--fp8-gemms", action="store_true", help="FP8 linear layers (Transformer Engine): the GEMMs at the FP8 peak (a layout)")
+    pl.add_argument("--tp-comm-overlap", action="store_true", help="TP collectives pipelined with the matmuls (Megatron's flag; a layout or the search)")
+    pl.add_argument("--overlap-param-gather", action="store_true", help="ZeRO-1/2's parameter gather during the next forward (Megatron-Core's flag; a layout or the search)")
+    pl.add_argument("--fp8-gemms", action="store_true", help="FP8 linear layers (Transformer Engine): the GEMMs at the FP8 peak (a layout or the search)")
     pl.add_argument("--cp-comm", default="ring", help="ring (default: Megatron's, hidden) | all_gather (Llama 3's, exposed)")
     pl.add_argument("--pp-split", help="layers per pipeline stage, e.g. 13,12,12,11 (default: balanced)")
     pl.add_argument("--kernel-efficiency", type=positive_float, help="fraction of peak the matmuls reach (default: the GPU preset's)")
@@ -176,6 +178,12 @@ def _cmd_flat(args: argparse.Namespace, model: Path | None, shape: dict[str, obj
 
     if args.global_batch_tokens is not None:
         raise CLIError("--global-batch-tokens belongs to a layout (--tp/--pp/--dp) or the search (--gpus)")
+    for name in LAYOUT_KINDS:
+        if getattr(args, name):
+            flag = "--" + name.replace("_", "-")
+            raise CLIError(f"{flag} describes how a layout runs: give the layout (--tp/--pp/--dp) or search (--gpus)")
+    if args.cp_comm != "ring":
+        raise CLIError("--cp-comm describes how a layout runs: give the layout (--tp/--pp/--dp --cp) or search (--gpus)")
     extra: dict[str, object] = {}
     if args.headroom is not None:
         extra["headroom"] = args.headroom
@@ -224,6 +232,9 @@ def _cmd_search(args: argparse.Namespace, model: Path | None, shape: dict[str, o
         v = getattr(args, name)
         if v is not None:
             opts[name] = v
+    for name in LAYOUT_KINDS[1:]:  # the search assumes sequence parallelism with TP
+        opts[name] = bool(getattr(args, name))
+    opts["cp_comm"] = args.cp_comm
     df = search(
         model_preset=args.model_preset, gpus=gpus, target_tokens_per_s=args.target_tokens_per_s,
         gpu=args.gpu or "h100", optimizer=args.optimizer, attention=args.attention,

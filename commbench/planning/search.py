@@ -40,7 +40,7 @@ from commbench.planning.layout_plan import (
 )
 from commbench.planning.options import OPTIMIZERS, PRECISIONS, STRATEGIES, check_choices
 from commbench.planning.presets import MODELS, ModelShape, model_shape
-from commbench.planning.steptime import HEADROOM, Setup, price_layout
+from commbench.planning.steptime import CP_COMMS, HEADROOM, Setup, price_layout
 
 MAX_GPUS = 2**17
 """The largest GPU count a target search tries."""
@@ -75,6 +75,14 @@ class Setting:
     attention: str
     device_memory: float
     headroom: float
+    tp_comm_overlap: bool = False
+    """Every layout priced with TP's collectives pipelined with its matmuls (``--tp-comm-overlap``)."""
+    overlap_param_gather: bool = False
+    """Every layout's ZeRO-1/2 parameter gather during the next forward (``--overlap-param-gather``)."""
+    fp8_gemms: bool = False
+    """Every layout's linear layers as FP8 GEMMs (``--fp8-gemms``)."""
+    cp_comm: str = "ring"
+    """How CP exchanges K/V in every layout (``--cp-comm``)."""
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -122,7 +130,8 @@ def _row(s: Setting, n: int, t: int, p: int, c: int, v: int, b: int, sname: str,
         check_layout(lay, s.model, n)
         setup = Setup(s.model, s.gpu, s.gpus_per_node, STRATEGIES[sname], sname, PRECISIONS[pname], pname,
                       OPTIMIZERS[s.optimizer], s.efficiency, s.mfu, None, s.overlap, s.device_memory, s.headroom,
-                      s.attention, s.compute)  # fmt: skip
+                      s.attention, s.compute, s.tp_comm_overlap, s.fp8_gemms, s.cp_comm,
+                      s.overlap_param_gather)  # fmt: skip
         row = price_layout(setup, lay, pricer)
     except ValueError as e:
         return {**base, "ruled_out": str(e)}
@@ -159,6 +168,10 @@ def search(
     cp: Sequence[int] | None = None,
     vpp: Sequence[int] | None = None,
     gpus_per_node: int | None = None,
+    tp_comm_overlap: bool = False,
+    overlap_param_gather: bool = False,
+    fp8_gemms: bool = False,
+    cp_comm: str = "ring",
     **shape_fields: Any,
 ) -> pd.DataFrame:
     """Every option over the GPU counts ``gpus`` (or, with ``target_tokens_per_s``, powers of two of nodes until an
@@ -205,8 +218,13 @@ def search(
         check_layout(Parallel(cp=c_), shape)
     gb = global_batch if global_batch is not None else max(1, round(global_batch_tokens / shape.seq))
     pricer = Pricer(g, gpn, load_model(model))
+    if cp_comm not in CP_COMMS:
+        raise ValueError(f"unknown cp_comm {cp_comm!r}; valid: {', '.join(CP_COMMS)}")
+    if fp8_gemms:
+        g.peak("float8")  # ValueError naming the GPU's peaks when it has no FP8 tensor cores
     setting = Setting(shape, g, gpn, effs, compute, mfu, overlap, gb, recompute, optimizer, attention,
-                      float(device_memory or g.memory_bytes), float(headroom))  # fmt: skip
+                      float(device_memory or g.memory_bytes), float(headroom), bool(tp_comm_overlap),
+                      bool(overlap_param_gather), bool(fp8_gemms), cp_comm)  # fmt: skip
 
     def one_count(n: int) -> list[dict[str, Any]]:
         return [_row(setting, n, t, p, c, v, b, sname, pname, pricer)
