@@ -232,8 +232,9 @@ def _cmd_search(args: argparse.Namespace, model: Path | None, shape: dict[str, o
         v = getattr(args, name)
         if v is not None:
             opts[name] = v
-    for name in LAYOUT_KINDS[1:]:  # the search assumes sequence parallelism with TP
-        opts[name] = bool(getattr(args, name))
+    for name in LAYOUT_KINDS:
+        if name != "sequence_parallel":  # the search assumes sequence parallelism with TP
+            opts[name] = bool(getattr(args, name))
     opts["cp_comm"] = args.cp_comm
     df = search(
         model_preset=args.model_preset, gpus=gpus, target_tokens_per_s=args.target_tokens_per_s,
