@@ -196,3 +196,34 @@ def test_metadata_builder_has_what_every_run_states() -> None:
                 "device_name", "backend", "world_size", "nodes", "suite", "timing", "start_time", "argv"):  # fmt: skip
         assert key in meta, key
     assert meta["schema_version"] == SCHEMA_VERSION == 2 and meta["imported_from"] == "f"
+
+
+def test_tables_follow_the_journal_between_rewrites_and_at_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal takes every row at once; CSV and parquet are rewritten at most every TABLE_EVERY_S and at flush.
+    A writer killed between two rewrites (the table behind its journal) still loads every journaled row."""
+    import commbench.store.results as results
+
+    clock = [100.0]
+    monkeypatch.setattr(results.time, "monotonic", lambda: clock[0])
+    run = tmp_path / "run"
+    w = RunWriter(run)
+    w.write_metadata(build_metadata(
+        start_time="t0", end_time=None, host="h", hosts=["h"], device_name="cpu", backend="gloo", world_size=2,
+        nodes=1, nproc_per_node=2, threads_per_rank=1, launcher="local", torch_version=None, nccl_version=None,
+        suite={}, timing={}, argv=[],
+    ))  # fmt: skip
+    w.add([CollectivePoint(**point(fp32_bytes=1024))])  # the first add writes the tables at once
+    assert len(pd.read_parquet(run / "results.parquet")) == 1
+    clock[0] += results.TABLE_EVERY_S / 2
+    w.add([CollectivePoint(**point(fp32_bytes=4096))])  # within the interval: journal only
+    assert len(pd.read_parquet(run / "results.parquet")) == 1 and len(pd.read_csv(run / "results.csv")) == 1
+    assert len(read_journal(run / "rows.jsonl")) == 2
+    assert sorted(load(run)["fp32_bytes"]) == [1024, 4096]  # the lagging table is not what load returns
+    clock[0] += results.TABLE_EVERY_S
+    w.add([CollectivePoint(**point(fp32_bytes=16384))])  # past the interval: rewritten with every row
+    assert sorted(pd.read_parquet(run / "results.parquet")["fp32_bytes"]) == [1024, 4096, 16384]
+    w.add([CollectivePoint(**point(fp32_bytes=4096, time_us=20.0))])  # a point's final row replaces its first
+    w.flush()
+    for df in (pd.read_parquet(run / "results.parquet"), pd.read_csv(run / "results.csv"), load(run)):
+        assert list(df["fp32_bytes"]) == [1024, 16384, 4096] and list(df["time_us"]) == [10.0, 10.0, 20.0]
+    w.flush()  # idempotent: nothing stale, nothing rewritten

@@ -263,9 +263,9 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
     out: Any = args.resume or args.out
     nccl_log = nccl_debug_path(out, info.rank) if getattr(args, "nccl_debug", False) else None
     d = init_world(info, args.backend, args.timeout, nccl_debug=nccl_log)
+    writer: RunWriter | None = None  # rank 0's
     try:
         # Rank 0 owns the run directory; a failure there must stop every rank, not leave them waiting.
-        writer: RunWriter | None = None
         problem = ""
         out = args.resume or args.out or default_run_dir(d.backend, d.world_size)
         try:
@@ -320,6 +320,7 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
         # after the run: NCCL connects its channels at the first collective of each communicator, not at init
         transports = gather_transports(d, nccl_log) if nccl_log is not None else None
         if writer is not None:
+            writer.flush()
             meta = json.loads((writer.dir / "metadata.json").read_text())
             meta["end_time"] = _now()
             from commbench.measure.fp8 import compile_report
@@ -365,6 +366,11 @@ def run_worker(args: argparse.Namespace, suite: SuiteConfig) -> int:
             print(f"commbench: rank {d.rank} failed", file=sys.stderr)
         return 1
     finally:
+        if writer is not None:  # a stopped run's tables catch up with their journals (load reads those anyway)
+            try:
+                writer.flush()
+            except OSError as e:
+                print(f"commbench: warning: tables not rewritten from their journals: {e}", file=sys.stderr)
         shutdown_world()
 
 

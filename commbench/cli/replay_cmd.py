@@ -266,6 +266,7 @@ def write_run_dir(
     )
     keep = [r for r in records if not is_trace_kind(r.group)]
     writer.add(keep)
+    writer.flush()
     left = sorted({r.group for r in records if is_trace_kind(r.group)})
     if left:
         return [

@@ -3,9 +3,11 @@
 A run directory holds, per table (``results``, ``training``, ``training_steps``: any
 :class:`~commbench.core.records.Record` type's ``TABLE``), an append-only journal (one JSON object per row, the
 source of truth for ``--resume``; ``rows.jsonl`` for results, ``<table>.jsonl`` otherwise) and the tidy
-``<table>.csv`` and ``<table>.parquet`` rewritten atomically after every add; ``crossover.csv``; and
-``metadata.json`` (see :mod:`commbench.cluster.metadata`). A crash loses at most the point in flight; a torn last
-journal line is ignored. Columns and dtypes come from the record types (:mod:`commbench.core.records`).
+``<table>.csv`` and ``<table>.parquet``, rewritten atomically from it at most every :data:`TABLE_EVERY_S` during a
+run and whole at its end (:meth:`RunWriter.flush`); ``crossover.csv``; and ``metadata.json`` (see
+:mod:`commbench.cluster.metadata`). A crash loses at most the point in flight: a table older than its journal (the
+writer killed between two rewrites) is read from the journal (:func:`load_table`); a torn last journal line is
+ignored. Columns and dtypes come from the record types (:mod:`commbench.core.records`).
 
 A table whose record type has a ``KEY`` (the results) holds one row per key: the journal keeps every row written
 (a point's provisional rows after each pass, then its final one), the tables and :attr:`RunWriter.rows` the latest.
@@ -19,6 +21,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +48,11 @@ PASSES_TABLE = "passes"
 its rows hold nested samples; --resume measures only the passes it lacks."""
 JOURNAL_ONLY = (PASSES_TABLE,)
 """Tables that have a journal and no CSV or parquet."""
+
+TABLE_EVERY_S = 2.0
+"""Seconds between two rewrites of a table during a run (the journal takes every row at once). Rewriting the whole
+CSV and parquet after every point cost a sweep 18-31 ms a point between its points, growing with the rows, every
+rank waiting for rank 0 (``benchmarks/bench_run_writer.py``; figures in benchmarks/results/)."""
 
 LOGS_DIR = "logs"
 """Sub-directory of a run directory holding each locally spawned rank's log (``rank<r>.log``)."""
@@ -243,6 +251,8 @@ class RunWriter:
         self.rows: dict[str, list[dict[str, Any]]] = _Tables(run_dir, resume)
         """Rows written so far per table, as dicts (journal rows of a resumed run included)."""
         self._types: dict[str, type[Record]] = {}
+        self._written: dict[str, float] = {}  # table -> monotonic time of its last rewrite
+        self._stale: set[str] = set()  # tables whose journal holds rows their CSV and parquet do not
         if resume:
             # The journal is the truth; the tables may lag it by the row in flight when the run stopped (or
             # hold a torn row's predecessor only): rewrite every table from its journal before adding to it.
@@ -291,7 +301,8 @@ class RunWriter:
         atomic_write_text(self.dir / "metadata.json", json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
 
     def add(self, records: Sequence[Record]) -> None:
-        """Journal ``records`` (append + fsync) and rewrite their table's CSV and parquet atomically.
+        """Journal ``records`` (append + fsync); their table's CSV and parquet follow (atomically, at most every
+        :data:`TABLE_EVERY_S`, and at :meth:`flush`).
 
         The table is ``type(record).TABLE``; columns and dtypes come from the record type."""
         if not records:
@@ -311,7 +322,19 @@ class RunWriter:
         self._append(table, [json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str) for row in rows])
         rtype = self._types.get(table) or record_for_table(table)
         self.rows[table] = latest_per_key([*self.rows[table], *(dict(r) for r in rows)], rtype)
-        write_table(self.dir, table, _frame(self.rows[table], rtype))
+        self._stale.add(table)
+        if time.monotonic() - self._written.get(table, -math.inf) >= TABLE_EVERY_S:
+            self._rewrite(table)
+
+    def flush(self) -> None:
+        """Rewrite every table whose journal is ahead of it (the end of a run, or its stop: idempotent)."""
+        for table in sorted(self._stale):
+            self._rewrite(table)
+
+    def _rewrite(self, table: str) -> None:
+        write_table(self.dir, table, _frame(self.rows[table], self._types.get(table) or record_for_table(table)))
+        self._written[table] = time.monotonic()
+        self._stale.discard(table)
 
     def write_crossover(self, rows: Sequence[Crossover | Mapping[str, Any]]) -> None:
         """``crossover.csv``, rewritten whole (it is derived from the results, not journaled)."""
@@ -367,17 +390,20 @@ def load_table(run_dir: str | os.PathLike[str], record: type[Record] | str) -> p
 
     ``record`` is the table's row type (its columns come first, in order, with its dtypes; extra columns
     follow) or a table name (typed by the record registered for it, if any). Reads the parquet file, else the
-    CSV, else the journal, so schema-1 directories (no parquet for training tables) load too."""
+    CSV, else the journal, so schema-1 directories (no parquet for training tables) load too; the journal also
+    when it was written after the table (a run stopped between two rewrites, :data:`TABLE_EVERY_S`)."""
     p = _require_run_dir(run_dir)
     load_metadata(p)
     table = record if isinstance(record, str) else record.TABLE
     rtype = record_for_table(record) if isinstance(record, str) else record
-    if (p / f"{table}.parquet").is_file():
-        df = pd.read_parquet(p / f"{table}.parquet")
-    elif (p / f"{table}.csv").is_file():
-        df = pd.read_csv(p / f"{table}.csv")
+    journal = p / journal_name(table)
+    tables = [t for t in (p / f"{table}.parquet", p / f"{table}.csv") if t.is_file()]
+    if not tables or (journal.is_file() and journal.stat().st_mtime_ns >= tables[0].stat().st_mtime_ns):
+        df = pd.DataFrame(latest_per_key(read_journal(journal), rtype))
+    elif tables[0].suffix == ".parquet":
+        df = pd.read_parquet(tables[0])
     else:
-        df = pd.DataFrame(read_journal(p / journal_name(table)))
+        df = pd.read_csv(tables[0])
     if rtype is None:
         return df
     if not len(df):
