@@ -100,14 +100,20 @@ def test_dtypes_and_docs_derive_from_the_fields() -> None:
     assert QueuedPoint.docs()["queue_depth"].startswith("operations in flight")
 
 
-def test_added_column_travels_writer_csv_parquet_loader(tmp_path: Path) -> None:
-    run = tmp_path / "run"
+def _new_writer(run: Path) -> RunWriter:
+    """A writer of a new run directory with its metadata written (a 2-rank local gloo run)."""
     w = RunWriter(run)
     w.write_metadata(build_metadata(
         start_time="t0", end_time=None, host="h", hosts=["h"], device_name="cpu", backend="gloo", world_size=2,
         nodes=1, nproc_per_node=2, threads_per_rank=1, launcher="local", torch_version=None, nccl_version=None,
         suite={}, timing={}, argv=[],
     ))  # fmt: skip
+    return w
+
+
+def test_added_column_travels_writer_csv_parquet_loader(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    w = _new_writer(run)
     rows = [QueuedPoint(**point(fp32_bytes=b, queue_depth=d), tag=t) for b, d, t in ((1024, 1, "a"), (4096, 3, None))]
     w.add(rows)
     for name in ("results.csv", "results.parquet", "rows.jsonl"):
@@ -206,12 +212,7 @@ def test_tables_follow_the_journal_between_rewrites_and_at_flush(tmp_path: Path,
     clock = [100.0]
     monkeypatch.setattr(results.time, "monotonic", lambda: clock[0])
     run = tmp_path / "run"
-    w = RunWriter(run)
-    w.write_metadata(build_metadata(
-        start_time="t0", end_time=None, host="h", hosts=["h"], device_name="cpu", backend="gloo", world_size=2,
-        nodes=1, nproc_per_node=2, threads_per_rank=1, launcher="local", torch_version=None, nccl_version=None,
-        suite={}, timing={}, argv=[],
-    ))  # fmt: skip
+    w = _new_writer(run)
     w.add([CollectivePoint(**point(fp32_bytes=1024))])  # the first add writes the tables at once
     assert len(pd.read_parquet(run / "results.parquet")) == 1
     clock[0] += results.TABLE_EVERY_S / 2
