@@ -5,9 +5,10 @@
 Each run of ``benchmarks/data/published_runs.toml`` (Megatron-LM 2021 Table 1 and its ZeRO-3 comparison, Korthikanti
 et al. 2022, BLOOM 176B, Llama 3 405B Table 4, MLPerf v3.0/v3.1/v4.1 GPT-3, Megatron-Core on H100, torchtitan and
 MosaicML MPT under FSDP, MT-NLG 530B, NVIDIA's DGX Cloud Benchmarking recipes on H100; sources and assumptions in
-the file and in docs/validation.md) is priced as a user would price it: ``commbench plan --tp T --pp P --dp D --cp C --vpp V
---micro-batch B --global-batch N --recompute R --gpu G --nodes N --gpus-per-node 8 --layers ... --out DIR``, run
-in-process through :func:`commbench.cli.main` with the CLI's own defaults, and its ``plan.csv`` is read back.
+the file and in docs/validation.md) is priced as a user would price it: ``commbench plan --tp T --pp P --dp D
+--cp C --vpp V --micro-batch B --global-batch N --recompute R --gpu G --nodes N --gpus-per-node 8 --layers ...
+--out DIR``, run in-process through :func:`commbench.cli.main` with the CLI's own defaults, and its ``plan.csv`` is
+read back.
 
 The figure compared is the step time (equivalently tokens/s): each source's printed throughput is turned into the
 step time it implies with that source's own FLOP count (``reference`` in the data file), so that the plan's own
