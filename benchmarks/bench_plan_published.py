@@ -422,6 +422,25 @@ def rankings(data: dict[str, Any], outcomes: Sequence[Outcome]) -> list[tuple[st
     return out
 
 
+def ranking_ratios(data: dict[str, Any], outcomes: Sequence[Outcome]) -> dict[str, tuple[float, float | None]]:
+    """Per ranking whose two runs are among ``outcomes``: how many times the better run's per-GPU throughput is
+    the worse one's, as published and as the plan prices it (None where a run was not priced): the size of a
+    gain (FP8 over BF16, PTD-P over ZeRO-3), not only its sign."""
+    by_id = {o.run["id"]: o for o in outcomes}
+    out: dict[str, tuple[float, float | None]] = {}
+    for k in data.get("ranking", []):
+        ob, ow = by_id.get(k["better"]), by_id.get(k["worse"])
+        if ob is None or ow is None:
+            continue
+        b, w = ob.run, ow.run
+        published = per_gpu_rate(b, published_step_time(b)) / per_gpu_rate(w, published_step_time(w))
+        plan = None
+        if isinstance(ob.priced, Priced) and isinstance(ow.priced, Priced):
+            plan = per_gpu_rate(b, ob.priced.step_time_s) / per_gpu_rate(w, ow.priced.step_time_s)
+        out[k["id"]] = (published, plan)
+    return out
+
+
 def layout(run: Run) -> str:
     """TP x CP x PP(xVPP) x DP, micro-batch, global batch, recompute, strategy: one short cell."""
     pp = f"{run['pp']}v{run['vpp']}" if run["vpp"] > 1 else str(run["pp"])
@@ -468,10 +487,13 @@ def report(data: dict[str, Any], outcomes: Sequence[Outcome], k_by_gpu: dict[str
     ranked = rankings(data, outcomes)
     if not ranked:
         return "\n".join([*lines, "", "No published ranking among these runs."])
-    lines += ["", "| ranking | published | plan: same order |", "|---|---|---|"]
+    ratios = ranking_ratios(data, outcomes)
+    lines += ["", "| ranking | published | plan: same order | better/worse per GPU: published, plan |", "|---|---|---|---|"]
     for rid, claim, published, same in ranked:
         cell = "not priced" if same is None else ("yes" if same else "**no**")
-        lines.append(f"| {rid}: {claim} | {'holds' if published else 'does not hold'} | {cell} |")
+        pub_x, plan_x = ratios[rid]
+        times = f"x{pub_x:.2f}, " + ("-" if plan_x is None else f"x{plan_x:.2f}")
+        lines.append(f"| {rid}: {claim} | {'holds' if published else 'does not hold'} | {cell} | {times} |")
     return "\n".join(lines)
 
 

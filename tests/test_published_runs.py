@@ -362,6 +362,10 @@ def test_rankings_compare_per_gpu_rates() -> None:
     assert got == {"t2-175b-1536": False}
     outcomes, _, _ = bpp.evaluate(DATA, [RUNS[i] for i in ids], set(), False, fake_pricer({ids[0]: 1.0, ids[1]: 0.5}))
     assert {rid: same for rid, _c, _p, same in bpp.rankings(DATA, outcomes)} == {"t2-175b-1536": True}
+    # the size of the gain: published 141 against 44 TFLOP/s per GPU (Table 2); the fake plan halves ZeRO-3's time
+    ((published, plan),) = bpp.ranking_ratios(DATA, outcomes).values()
+    assert published == pytest.approx(141 / 44, rel=0.01) and plan == pytest.approx(published / 2, rel=1e-9)
+    assert "| x3.20, x1.60 |" in bpp.report(DATA, outcomes, {"a100": None}, "t")
 
 
 def test_price_reads_what_the_cli_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
