@@ -408,18 +408,10 @@ def published_holds(data: dict[str, Any], ranking: dict[str, str]) -> bool:
 def rankings(data: dict[str, Any], outcomes: Sequence[Outcome]) -> list[tuple[str, str, bool, bool | None]]:
     """Per published ranking whose two runs are among ``outcomes``: (id, claim, the published figures order it so,
     the plan orders it the same way, or None where a run was not priced). Per-GPU throughput in the source's
-    convention."""
-    by_id = {o.run["id"]: o for o in outcomes}
-    out = []
-    for k in data.get("ranking", []):
-        ob, ow = by_id.get(k["better"]), by_id.get(k["worse"])
-        if ob is None or ow is None:
-            continue  # a run left out (--runs)
-        same: bool | None = None
-        if isinstance(ob.priced, Priced) and isinstance(ow.priced, Priced):
-            same = per_gpu_rate(ob.run, ob.priced.step_time_s) > per_gpu_rate(ow.run, ow.priced.step_time_s)
-        out.append((k["id"], k["claim"], published_holds(data, k), same))
-    return out
+    convention (:func:`ranking_ratios`)."""
+    claims = {k["id"]: k["claim"] for k in data.get("ranking", [])}
+    return [(rid, claims[rid], published > 1.0, None if plan is None else plan > 1.0)
+            for rid, (published, plan) in ranking_ratios(data, outcomes).items()]  # fmt: skip
 
 
 def ranking_ratios(data: dict[str, Any], outcomes: Sequence[Outcome]) -> dict[str, tuple[float, float | None]]:
