@@ -159,9 +159,11 @@ def validate(data: dict[str, Any]) -> list[str]:
             continue
         bad += [f"{rid}: {k}={r[k]!r} not one of {', '.join(v)}" for k, v in CHOICES.items() if r[k] not in v]
         bad += [f"{rid}: assumed names unknown field {a!r}" for a in r["assumed"] if a not in r]
-        for key in ("tp_comm_overlap", "fp8_gemms", "overlap_param_gather"):
+        for key in ("tp_comm_overlap", "fp8_gemms", "overlap_param_gather", "fp8_param_gather"):
             if not isinstance(r.get(key, False), bool):
                 bad.append(f"{rid}: {key} not bool")
+        if r.get("fp8_param_gather") and not r.get("fp8_gemms"):
+            bad.append(f"{rid}: fp8_param_gather without fp8_gemms")
         bad += [f"{rid}: {key}={r[key]!r} not one of {', '.join(v)}" for key, v in OPTIONAL_CHOICES.items()
                 if key in r and r[key] not in v]
         if r["source"] not in data.get("sources", {}):
@@ -228,6 +230,7 @@ def plan_argv(
         ("--tp-comm-overlap", run.get("tp_comm_overlap")),
         ("--fp8-gemms", run.get("fp8_gemms")),
         ("--overlap-param-gather", run.get("overlap_param_gather")),
+        ("--fp8-param-gather", run.get("fp8_param_gather")),
     ):
         if on and flag in flags:  # optional: a plan without the flag prices the run without it
             argv.append(flag)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,17 @@ FAST = ["--min-time", "0.002", "--min-iters", "1", "--repeats", "3", "--warmup",
 def commbench(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     full_env.update(env or {})
+    # SIGINT back to its default in the child, as a terminal's foreground job has it: a shell that starts the suite
+    # as a background job (`cmd &` without job control) hands every child SIGINT ignored, and the launcher of a run
+    # would then never see the Ctrl-C that the tests inject (COMMBENCH_INJECT_SIGNAL)
     return subprocess.run(
-        [sys.executable, "-m", "commbench", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+        [sys.executable, "-m", "commbench", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
+        preexec_fn=_sigint_default,
     )
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def commbench_here(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

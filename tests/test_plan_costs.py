@@ -66,6 +66,28 @@ def test_overlapped_parameter_gather_hides_behind_the_next_forward() -> None:
     assert "during the next first forward (--overlap-param-gather)" in during["comm_exposure"]
 
 
+def test_fp8_weights_are_gathered_and_held_at_one_byte() -> None:
+    # Megatron-Core's --fp8-param-gather (NeMo's fp8_params): Transformer Engine's FP8 weights, so the distributed
+    # optimizer's parameter all-gather after the step moves one byte per parameter, and the weights take one byte
+    kw = {"model_preset": "llama3-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 8, "global_batch": 32,
+          "strategies": ["zero1"], "fp8_gemms": True, "kernel_efficiency": 0.6}  # fmt: skip
+    bf16 = plan_layout(**kw).iloc[0]  # type: ignore[arg-type]
+    fp8 = plan_layout(fp8_param_gather=True, **kw).iloc[0]  # type: ignore[arg-type]
+    psi = MODELS["llama3-8b"].params
+    # Megatron's buckets of max(40M, 1M x DP) parameters over the node's 8 GPUs; the gather is exposed (after the
+    # optimizer step, no --overlap-param-gather)
+    pr = Pricer(GPUS["h100"], 8)
+    calls = math.ceil(psi / 40e6)
+    gather = [calls * pr.price(Call("all_gather", 40e6 * b, 8, 1, 1, d)).mid for b, d in ((2, "bfloat16"),
+                                                                                         (1, "f8e4m3"))]  # fmt: skip
+    assert bf16["comm_exposed_s"] - fp8["comm_exposed_s"] == pytest.approx(gather[0] - gather[1], rel=1e-9)
+    assert gather[1] < gather[0]
+    # ZeRO-1 keeps every weight on every rank: one byte less each (the fp32 master and moments are sharded alike)
+    assert bf16["mem_model_state_bytes"] - fp8["mem_model_state_bytes"] == pytest.approx(psi, rel=1e-9)
+    with pytest.raises(ValueError, match="--fp8-param-gather needs --fp8-gemms"):
+        plan_layout(fp8_param_gather=True, **{**kw, "fp8_gemms": False})  # type: ignore[arg-type]
+
+
 def test_all_gather_context_parallelism_is_exposed() -> None:
     kw = {"model_preset": "llama3-70b", "gpu": "h100", "tp": 8, "cp": 4, "pp": 1, "dp": 1, "global_batch": 4,
           "seq": 32768, "sequence_parallel": True, "kernel_efficiency": 0.6}  # fmt: skip
@@ -105,6 +127,11 @@ def test_cli_refuses_fp8_gemms_without_fp8_tensor_cores(capsys: pytest.CaptureFi
                    "--global-batch", "12", "--fp8-gemms", "--out", str(tmp_path / "p")])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "no float8 peak" in err[0]
+    rc = cli.main(["plan", "--model-preset", "gpt3-175b", "--tp", "8", "--pp", "12", "--dp", "1", "--global-batch",
+                   "12", "--fp8-param-gather", "--out", str(tmp_path / "q")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--fp8-param-gather needs --fp8-gemms" in err[0], err
+    assert not (tmp_path / "q").exists()
 
 
 def test_the_loss_over_the_vocabulary_is_memory_bound_on_the_last_stage() -> None:

@@ -48,11 +48,12 @@ def test_a_searched_row_is_the_fixed_layouts_price(grid: pd.DataFrame) -> None:
 
 
 def test_the_search_prices_the_layout_switches_as_the_fixed_layout_does() -> None:
-    # --tp-comm-overlap, --overlap-param-gather, --fp8-gemms and --cp-comm apply to every layout the search prices,
+    # --tp-comm-overlap, --overlap-param-gather, --fp8-gemms, --fp8-param-gather and --cp-comm apply to every layout
+    # the search prices,
     # each exactly as `plan --tp --pp --dp` with the same switch
     from commbench.planning.layout_plan import plan_layout
 
-    kw = {"tp_comm_overlap": True, "overlap_param_gather": True, "fp8_gemms": True}
+    kw = {"tp_comm_overlap": True, "overlap_param_gather": True, "fp8_gemms": True, "fp8_param_gather": True}
     df = search(model_preset="llama2-7b", gpus=[16], tp=[2], pp=[2], vpp=[1], strategies=["zero1"],
                 precisions=["bf16"], micro_batch=1, global_batch_tokens=64 * 4096, **kw)  # fmt: skip
     fixed = plan_layout(model_preset="llama2-7b", tp=2, pp=2, dp=4, global_batch=64, strategies=["zero1"],
@@ -68,7 +69,7 @@ def test_the_search_prices_the_layout_switches_as_the_fixed_layout_does() -> Non
         search(model_preset="llama2-7b", gpus=[16], gpu="a100", fp8_gemms=True)
 
 
-@pytest.mark.parametrize("flag", [["--tp-comm-overlap"], ["--overlap-param-gather"], ["--fp8-gemms"],
+@pytest.mark.parametrize("flag", [["--tp-comm-overlap"], ["--overlap-param-gather"], ["--fp8-gemms"], ["--fp8-param-gather"],
                                   ["--sequence-parallel"], ["--cp-comm", "all_gather"]])  # fmt: skip
 def test_the_flat_plan_refuses_a_layout_switch_in_one_line(
     flag: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]

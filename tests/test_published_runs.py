@@ -204,6 +204,8 @@ def test_mlperf_global_batch() -> None:
         else:
             assert f"{r['published_step_time_s']}" in r["quote"] or r["source"] == "mlperf31", r["id"]
         assert r["fp8_gemms"] and r["tp_comm_overlap"] and r["overlap_param_gather"] and r["recompute"] == "none"
+        # FP8 weights (FP8_PARAMS=True, the log's fp8_params) from v4.0 on; v3.x gathers bf16
+        assert r.get("fp8_param_gather", False) == (not r["source"].startswith("mlperf3")), r["id"]
 
 
 def test_dgxc_columns_agree() -> None:
@@ -220,6 +222,8 @@ def test_dgxc_columns_agree() -> None:
         assert r["global_batch"] == ga[size] * r["dp"] * r["micro_batch"], r["id"]
         assert f"| {r['published_step_time_s']:g} |" in r["quote"].replace(".0 |", " |"), r["id"]
         assert r.get("fp8_gemms", False) == ("-fp8-" in r["id"]) and r["overlap_param_gather"], r["id"]
+        # the FP8 recipes keep FP8 weights: fp8_params in NeMo 1's yamls, bf16_with_fp8_mixed() in NeMo 2's
+        assert r.get("fp8_param_gather", False) == ("-fp8-" in r["id"]), r["id"]
     # the shapes' parameter counts: Llama 3.1's model cards (8.03B, 70.6B, 405.9B with untied embeddings), GPT-3's
     # 175B (Brown et al. 2020), Nemotron-4's names within 5 % (15B and 340B, 256K-token untied embeddings)
     got = {r["id"].split("-")[2]: bpp.params(r) / 1e9 for r in rows}
@@ -414,7 +418,7 @@ def test_held_out_runs_stay_as_close_as_they_are() -> None:
     outcomes, k, _ = bpp.evaluate(DATA, DATA["run"], bpp.plan_flags(), calibrated=True)
     s = bpp.summary(outcomes)
     assert s["priced"] == s["of"] == len(DATA["run"]) - 2
-    assert s["within_20"] >= 101 and s["within_10"] >= 79 and s["inside"] >= s["of"] - 1
+    assert s["within_20"] >= 101 and s["within_10"] >= 80 and s["inside"] >= s["of"] - 1
     assert s["median_abs_err"] <= 0.05 and s["max_abs_err"] <= 0.34
     assert all(0.5 < v < 0.8 for v in k.values() if v is not None)  # a fraction of peak a GEMM reaches
     assert {kind for kind, v in k.items() if v is not None} == set(DATA["calibration"])  # b200: the preset's

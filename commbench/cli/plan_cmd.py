@@ -17,7 +17,7 @@ def int_list(text: str) -> list[int]:
 
 LAYOUT_FLAGS = ("tp", "pp", "dp", "cp", "vpp", "global_batch", "pp_split")
 """Flags that make a plan price one given layout (without --gpus / a target)."""
-LAYOUT_KINDS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "fp8_gemms")
+LAYOUT_KINDS = ("sequence_parallel", "tp_comm_overlap", "overlap_param_gather", "fp8_gemms", "fp8_param_gather")
 """Switches of how a layout runs: priced by the fixed layout and the search, meaningless to the flat plan."""
 
 
@@ -65,6 +65,7 @@ def add_plan_parser(sub: Any) -> None:
     pl.add_argument("--tp-comm-overlap", action="store_true", help="TP collectives pipelined with the matmuls (Megatron's flag; a layout or the search)")
     pl.add_argument("--overlap-param-gather", action="store_true", help="ZeRO-1/2's parameter gather during the next forward (Megatron-Core's flag; a layout or the search)")
     pl.add_argument("--fp8-gemms", action="store_true", help="FP8 linear layers (Transformer Engine): the GEMMs at the FP8 peak (a layout or the search)")
+    pl.add_argument("--fp8-param-gather", action="store_true", help="with --fp8-gemms: weights held and all-gathered in FP8, 1 byte each (Megatron-Core's flag, NeMo's fp8_params; a layout or the search)")
     pl.add_argument("--cp-comm", default="ring", help="ring (default: Megatron's, hidden) | all_gather (Llama 3's, exposed)")
     pl.add_argument("--pp-split", help="layers per pipeline stage, e.g. 13,12,12,11 (default: balanced)")
     pl.add_argument("--kernel-efficiency", type=positive_float, help="fraction of peak the matmuls reach (default: the GPU preset's)")
@@ -141,7 +142,8 @@ def _cmd_layout(args: argparse.Namespace, model: Path | None, shape: dict[str, o
         micro_batch=_one("micro-batch", args.micro_batch, 1), global_batch=args.global_batch,
         global_batch_tokens=args.global_batch_tokens, recompute=args.recompute or "none", pp_split=args.pp_split,
         sequence_parallel=args.sequence_parallel, tp_comm_overlap=args.tp_comm_overlap,
-        fp8_gemms=args.fp8_gemms, cp_comm=args.cp_comm, overlap_param_gather=args.overlap_param_gather,
+        fp8_gemms=args.fp8_gemms, fp8_param_gather=args.fp8_param_gather, cp_comm=args.cp_comm,
+        overlap_param_gather=args.overlap_param_gather,
         gpu=args.gpu or "h100", nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         strategies=args.strategies or ["ddp"], precisions=args.precisions or ["bf16"], optimizer=args.optimizer,
         attention=args.attention, kernel_efficiency=args.kernel_efficiency, compute_ms=args.compute_ms,

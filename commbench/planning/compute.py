@@ -102,4 +102,13 @@ def flops_per_token(psi: float, layers: int, hidden: int, seq: int) -> float:
     return 6.0 * psi + 12.0 * layers * hidden * seq
 
 
-__all__ = ["CALIBRATION", "GPU", "GPUS", "KERNEL_EFFICIENCY", "KERNEL_RANGE", "flops_per_token"]
+def check_fp8(g: GPU, fp8_gemms: bool, fp8_param_gather: bool) -> None:
+    """ValueError (one line) for FP8 on a GPU without FP8 tensor cores (naming its peaks), or FP8 weights without
+    FP8 GEMMs (Transformer Engine's FP8 weights feed its FP8 GEMMs only)."""
+    if fp8_param_gather and not fp8_gemms:
+        raise ValueError("--fp8-param-gather needs --fp8-gemms: FP8 weights are Transformer Engine's, for its FP8 GEMMs")
+    if fp8_gemms:
+        g.peak("float8")
+
+
+__all__ = ["CALIBRATION", "GPU", "GPUS", "KERNEL_EFFICIENCY", "KERNEL_RANGE", "check_fp8", "flops_per_token"]

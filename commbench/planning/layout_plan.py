@@ -21,7 +21,7 @@ import pandas as pd
 
 from commbench.planning.activations import RECOMPUTES
 from commbench.planning.calls import Pricer
-from commbench.planning.compute import CALIBRATION, GPU, GPUS, KERNEL_RANGE
+from commbench.planning.compute import CALIBRATION, GPU, GPUS, KERNEL_RANGE, check_fp8
 from commbench.planning.costmodel import CostModel
 from commbench.planning.layout import Parallel, check_layout, parse_split, round_batch
 from commbench.planning.options import OPTIMIZERS, PRECISIONS, STRATEGIES, check_choices
@@ -137,7 +137,7 @@ def plan_layout(
     cp: int = 1, vpp: int = 1, micro_batch: int = 1, global_batch: int | None = None,
     global_batch_tokens: int | None = None, recompute: str = "none", pp_split: str | Sequence[int] | None = None,
     sequence_parallel: bool = False, tp_comm_overlap: bool = False, fp8_gemms: bool = False, cp_comm: str = "ring",
-    overlap_param_gather: bool = False,
+    overlap_param_gather: bool = False, fp8_param_gather: bool = False,
     gpu: str = "h100", nodes: int | None = None, gpus_per_node: int | None = None,
     strategies: Sequence[str] = ("ddp",), precisions: Sequence[str] = ("bf16",), optimizer: str = "adam",
     attention: str = "flash", kernel_efficiency: float | None = None, compute_ms: float | None = None,
@@ -155,8 +155,7 @@ def plan_layout(
                   recompute=recompute)  # fmt: skip
     if cp_comm not in CP_COMMS:
         raise ValueError(f"unknown cp_comm {cp_comm!r}; valid: {', '.join(CP_COMMS)}")
-    if fp8_gemms:
-        g.peak("float8")  # ValueError naming the GPU's peaks when it has no FP8 tensor cores
+    check_fp8(g, fp8_gemms, fp8_param_gather)
     if overlap is not None and not (isinstance(overlap, (int, float)) and 0 <= overlap <= 1):
         raise ValueError(f"overlap must be in [0, 1], got {overlap!r}")
     if not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
@@ -192,7 +191,7 @@ def plan_layout(
         for pname in precisions:
             setup = Setup(m, g, gpn, STRATEGIES[sname], sname, PRECISIONS[pname], pname, OPTIMIZERS[optimizer],
                           effs, mfu, compute_ms, overlap, memory, headroom, attention, src, bool(tp_comm_overlap),
-                          bool(fp8_gemms), cp_comm, bool(overlap_param_gather))  # fmt: skip
+                          bool(fp8_gemms), cp_comm, bool(overlap_param_gather), bool(fp8_param_gather))  # fmt: skip
             try:
                 rows.append(price_layout(setup, lay, pricer))
             except ValueError as e:  # fp8 gradient communication without a DDP hook, ...

@@ -26,7 +26,7 @@ import pandas as pd
 
 from commbench.planning.activations import RECOMPUTES
 from commbench.planning.calls import Pricer
-from commbench.planning.compute import GPU
+from commbench.planning.compute import GPU, check_fp8
 from commbench.planning.costmodel import CostModel
 from commbench.planning.layout import Parallel, check_layout, round_batch
 from commbench.planning.layout_plan import (
@@ -83,6 +83,8 @@ class Setting:
     """Every layout's linear layers as FP8 GEMMs (``--fp8-gemms``)."""
     cp_comm: str = "ring"
     """How CP exchanges K/V in every layout (``--cp-comm``)."""
+    fp8_param_gather: bool = False
+    """Every layout's weights held and gathered in FP8 (``--fp8-param-gather``)."""
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -131,7 +133,7 @@ def _row(s: Setting, n: int, t: int, p: int, c: int, v: int, b: int, sname: str,
         setup = Setup(s.model, s.gpu, s.gpus_per_node, STRATEGIES[sname], sname, PRECISIONS[pname], pname,
                       OPTIMIZERS[s.optimizer], s.efficiency, s.mfu, None, s.overlap, s.device_memory, s.headroom,
                       s.attention, s.compute, s.tp_comm_overlap, s.fp8_gemms, s.cp_comm,
-                      s.overlap_param_gather)  # fmt: skip
+                      s.overlap_param_gather, s.fp8_param_gather)  # fmt: skip
         row = price_layout(setup, lay, pricer)
     except ValueError as e:
         return {**base, "ruled_out": str(e)}
@@ -172,6 +174,7 @@ def search(
     overlap_param_gather: bool = False,
     fp8_gemms: bool = False,
     cp_comm: str = "ring",
+    fp8_param_gather: bool = False,
     **shape_fields: Any,
 ) -> pd.DataFrame:
     """Every option over the GPU counts ``gpus`` (or, with ``target_tokens_per_s``, powers of two of nodes until an
@@ -220,11 +223,10 @@ def search(
     pricer = Pricer(g, gpn, load_model(model))
     if cp_comm not in CP_COMMS:
         raise ValueError(f"unknown cp_comm {cp_comm!r}; valid: {', '.join(CP_COMMS)}")
-    if fp8_gemms:
-        g.peak("float8")  # ValueError naming the GPU's peaks when it has no FP8 tensor cores
+    check_fp8(g, fp8_gemms, fp8_param_gather)
     setting = Setting(shape, g, gpn, effs, compute, mfu, overlap, gb, recompute, optimizer, attention,
                       float(device_memory or g.memory_bytes), float(headroom), bool(tp_comm_overlap),
-                      bool(overlap_param_gather), bool(fp8_gemms), cp_comm)  # fmt: skip
+                      bool(overlap_param_gather), bool(fp8_gemms), cp_comm, bool(fp8_param_gather))  # fmt: skip
 
     def one_count(n: int) -> list[dict[str, Any]]:
         return [_row(setting, n, t, p, c, v, b, sname, pname, pricer)

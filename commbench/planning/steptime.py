@@ -118,6 +118,10 @@ class Setup:
     """Megatron-Core's ``--overlap-param-gather`` (Apex DistributedFusedAdam's ``overlap_param_sync``, FSDP's
     prefetch): the parameter all-gather after the optimizer step runs bucket by bucket during the next step's first
     forward, so only what exceeds that forward (and at least the first bucket) is exposed."""
+    fp8_param_gather: bool = False
+    """Megatron-Core's ``--fp8-param-gather`` (NeMo's ``fp8_params``; with ``fp8_gemms``): the compute weights are
+    Transformer Engine FP8 tensors, one byte each, so they are held and all-gathered at one byte per parameter (the
+    master copy and the moments stay fp32 in the optimizer; TE's cached FP8 transposes are counted in neither case)."""
 
 
 @dataclass(slots=True)
@@ -378,9 +382,9 @@ def _dp_calls(
     n = p.dp * p.cp
     if n < 2:
         return
-    pb = 4.0 if sched.gather_fp32 else prec.param_bytes
+    pb = 4.0 if sched.gather_fp32 else _param_bytes(s)
     gb = prec.grad_bytes
-    wire_p = "float" if pb >= 4 else "bfloat16"
+    wire_p = "float" if pb >= 4 else "f8e4m3" if pb < 2 else "bfloat16"
     wire_g = "float" if gb >= 4 else "bfloat16"
     stage_psi = _largest_stage(m, split) / p.tp
     layer = _layer_params(m) / p.tp
@@ -453,6 +457,11 @@ def _bucketed(
     ex.reasons[kind if kind == "param_gather" else f"dp_{op}"] = why
 
 
+def _param_bytes(s: Setup) -> float:
+    """Bytes of one compute weight: the precision's, or one with ``fp8_param_gather``."""
+    return 1.0 if s.fp8_param_gather else s.precision.param_bytes
+
+
 def _fp8_cast_bytes(s: Setup, p: Parallel) -> float:
     """HBM bytes per GPU and micro-batch of one layer's FP8 casts (0 without ``fp8_gemms``): Transformer Engine's
     FP8 linear layers cast each input to FP8 with its transpose for the weight gradient (``cast_transpose``: 2 bytes
@@ -488,7 +497,7 @@ def _optimizer_s(s: Setup, p: Parallel, m: ModelShape, split: tuple[int, ...], k
         n = p.dp * p.cp
         psi /= min(n, s.gpus_per_node) if s.strategy.dp.hybrid else n
     prec, opt = s.precision, s.optimizer
-    per = 2.0 * (prec.master_bytes + opt.moment_bytes) + prec.grad_bytes + prec.param_bytes
+    per = 2.0 * (prec.master_bytes + opt.moment_bytes) + prec.grad_bytes + _param_bytes(s)
     return psi * per / (s.gpu.hbm_gbps * 1e9 * (1.0, 0.8, 0.5)[k])
 
 
@@ -500,7 +509,7 @@ def _memory(s: Setup, p: Parallel, split: tuple[int, ...]) -> dict[str, float]:
     m, prec, pp = s.model, s.precision, p.pp
     sched = s.strategy.dp
     n = p.dp * p.cp
-    parts = ModelState(prec.param_bytes, prec.grad_bytes, prec.master_bytes + s.optimizer.moment_bytes)
+    parts = ModelState(_param_bytes(s), prec.grad_bytes, prec.master_bytes + s.optimizer.moment_bytes)
     rec, att = p.recompute, ATTENTIONS[s.attention]
     seq = m.seq // p.cp
     per_layer = rec.layer_bytes(seq, p.micro_batch, m.hidden, m.ffn, m.heads, p.tp, p.sp and p.tp > 1, att)
@@ -509,14 +518,14 @@ def _memory(s: Setup, p: Parallel, split: tuple[int, ...]) -> dict[str, float]:
     layer = _layer_params(m) / p.tp
     if sched.param_gather == "per_micro_batch":  # two units in flight (one computing, one prefetched) + a reduce
         unit = min(layer, sched.gather_elements or layer)
-        buffers = 2 * unit * prec.param_bytes + unit * prec.grad_bytes
+        buffers = 2 * unit * _param_bytes(s) + unit * prec.grad_bytes
     else:
         buffers = 2.0 * DDP_BUCKET_CAP_BYTES if n > 1 else 0.0
     candidates = {0, pp - 1} | ({max(range(1, pp - 1), key=split.__getitem__)} if pp > 2 else set())
     best: dict[str, float] = {"total": -1.0}
     for i in sorted(candidates):
         psi = _stage_params(m, split, i) / p.tp
-        key = (s.strategy_name, s.precision_name, s.optimizer.name, psi, n, s.gpus_per_node)
+        key = (s.strategy_name, s.precision_name, s.optimizer.name, psi, n, s.gpus_per_node, parts.param_bytes)
         state = _STATE_CACHE.get(key)
         if state is None:
             policy = s.strategy.policy(prec)
