@@ -436,3 +436,13 @@ def test_held_out_runs_stay_as_close_as_they_are() -> None:
     assert len(ranked) == len(DATA["ranking"]) and sum(bool(v) for v in ranked.values()) >= 28
     assert all(v for rid, v in ranked.items() if rid.startswith("t2-"))  # PTD-P vs ZeRO-3 as GPUs grow
     assert all(v for rid, v in ranked.items() if rid.startswith("dgxc-"))  # FP8 recipes faster than BF16
+    # docs/validation.md's results table is these figures, so the page stays true when the rows or the model change
+    doc = (REPO / "docs" / "validation.md").read_text()
+    table = {
+        "runs": rf"\| \| held out \({s['of']} runs\) \|",
+        "median": rf"\| median \\\|error\\\| \| {100 * s['median_abs_err']:.1f} % \|",
+        "within": rf"\| within ±10 % / ±20 % \| {s['within_10']} / {s['within_20']} \| — / {s['of']} \|",
+        "inside": rf"\| published inside the plan's interval \| {s['inside']} of {s['of']} \|",
+        "rankings": rf"\| rankings in the published order \| {sum(map(bool, ranked.values()))} of {len(ranked)} \|",
+    }
+    assert [k for k, pattern in table.items() if not re.search(pattern, doc)] == [], "docs/validation.md is stale"
