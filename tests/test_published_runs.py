@@ -191,12 +191,13 @@ def test_mlperf_global_batch() -> None:
     v40 = {"mlperf40": {512: 144, 10752: 6, 11616: 6}, "mlperf40_smc": {512: 128}}  # the logged global_batch_size
     # v5.0's Llama 3.1 405B: the config scripts' MINIBS (the log's step counts samples, a multiple of the batch)
     v50 = {"mlperf50": {512: 288, 2048: 72, 2432: 64, 2560: 56, 8192: 24}, "mlperf50_nebius": {512: 144, 1024: 72}}
-    v51 = {"mlperf51_uf": {256: 144, 448: 144}}  # DGX B200; its log's step counts steps, and it logs the batch
+    # v5.1 on DGX B200, by model (layers): its log's step counts steps, and it logs the batch
+    v51 = {126: {256: 144, 448: 144}, 32: {8: 2, 16: 2, 32: 1, 64: 1, 128: 1, 256: 1}}
     rows = [r for r in DATA["run"] if r["id"].startswith("mlperf")]
-    assert len(rows) == 31 and sum(r["source"] in v40 for r in rows) == 4 and sum(r["source"] in v50 for r in rows) == 7
+    assert len(rows) == 37 and sum(r["source"] in v40 for r in rows) == 4 and sum(r["source"] in v50 for r in rows) == 7
     for r in rows:
         n = bpp.gpus(r)
-        per_dp = {**v40, **v50, **v51}.get(r["source"], {})
+        per_dp = v51[r["layers"]] if r["source"] == "mlperf51_uf" else {**v40, **v50}.get(r["source"], {})
         want = per_dp[n] if per_dp else 128 if r["source"] == "mlperf41" and n == 512 else minibs[n]
         assert r["dp"] * r["tp"] * r["pp"] * r["cp"] == n, r["id"]
         assert r["global_batch"] == want * r["dp"], r["id"]
@@ -204,9 +205,10 @@ def test_mlperf_global_batch() -> None:
             step = int(float(re.findall(r'\\?"step\\?": ([0-9.]+)', r["quote"])[0]))
             tp = 8 if r["source"] == "mlperf50" else 4  # DGX H100 at TP 8, Nebius's H200 at TP 4
             assert step % r["global_batch"] == 0 and (r["tp"], r["pp"], r["cp"], r["vpp"]) == (tp, 8, 2, 8), r["id"]
-        if r["source"] in v51:
+        if r["source"] == "mlperf51_uf":
             assert f'"global_batch_size", "value": {r["global_batch"]}' in r["quote"] and r["gpu"] == "b200"
-            assert (r["tp"], r["pp"], r["cp"], r["vpp"]) == (4, 8, 2, 8), r["id"]
+            layout = (4, 8, 2, 8) if r["layers"] == 126 else (1, 1, 1 if n <= 16 else 2, 1)  # the 8B: CP 2 from 4 nodes
+            assert (r["tp"], r["pp"], r["cp"], r["vpp"]) == layout, r["id"]
         if r["source"] in v40:  # no train_step_timing (LOG_METRICS=OFF): the median block's wall time over its steps
             start, stop, tokens = map(int, re.findall(r"block_start time_ms (\d+), block_stop time_ms (\d+), "
                                                       r'\\?"epoch_count\\?": (\d+)', r["quote"])[0])
@@ -215,7 +217,8 @@ def test_mlperf_global_batch() -> None:
                                                                                      abs=1e-6), r["id"]
         else:
             assert f"{r['published_step_time_s']}" in r["quote"] or r["source"] == "mlperf31", r["id"]
-        assert r["fp8_gemms"] and r["tp_comm_overlap"] and r["overlap_param_gather"] and r["recompute"] == "none"
+        assert r["fp8_gemms"] and r["overlap_param_gather"] and r["recompute"] == "none"
+        assert r.get("tp_comm_overlap", False) == (r["tp"] > 1), r["id"]  # the 8B at TP 1 has no TP to overlap
         # FP8 weights (FP8_PARAMS=True, the log's fp8_params) from v4.0 on; v3.x gathers bf16
         assert r.get("fp8_param_gather", False) == (not r["source"].startswith("mlperf3")), r["id"]
 
@@ -425,12 +428,12 @@ def test_price_reads_what_the_cli_leaves(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.timeout(300)
 def test_held_out_runs_stay_as_close_as_they_are() -> None:
-    # the real plan, one kernel efficiency per GPU kind from the data file's two calibration runs, the 112 others
+    # the real plan, one kernel efficiency per GPU kind from the data file's two calibration runs, the 118 others
     # held out: the floor is what they meet (docs/validation.md), never tuned to the plan's output row by row
     outcomes, k, _ = bpp.evaluate(DATA, DATA["run"], bpp.plan_flags(), calibrated=True)
     s = bpp.summary(outcomes)
     assert s["priced"] == s["of"] == len(DATA["run"]) - 2
-    assert s["within_20"] >= 110 and s["within_10"] >= 89 and s["inside"] >= s["of"] - 1
+    assert s["within_20"] >= 116 and s["within_10"] >= 92 and s["inside"] >= s["of"] - 1
     assert s["median_abs_err"] <= 0.05 and s["max_abs_err"] <= 0.34
     assert all(0.5 < v < 0.8 for v in k.values() if v is not None)  # a fraction of peak a GEMM reaches
     assert {kind for kind, v in k.items() if v is not None} == set(DATA["calibration"])  # b200: the preset's
