@@ -162,8 +162,6 @@ def validate(data: dict[str, Any]) -> list[str]:
         for key in ("tp_comm_overlap", "fp8_gemms", "overlap_param_gather", "fp8_param_gather"):
             if not isinstance(r.get(key, False), bool):
                 bad.append(f"{rid}: {key} not bool")
-        if r.get("fp8_param_gather") and not r.get("fp8_gemms"):
-            bad.append(f"{rid}: fp8_param_gather without fp8_gemms")
         bad += [f"{rid}: {key}={r[key]!r} not one of {', '.join(v)}" for key, v in OPTIONAL_CHOICES.items()
                 if key in r and r[key] not in v]
         if r["source"] not in data.get("sources", {}):
